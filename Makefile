@@ -1,0 +1,45 @@
+# Two commands for a newcomer: `make run` and `make test`. Each bootstraps .venv from uv.lock,
+# installing uv into .bootstrap/ with pip when uv is not on PATH.
+
+PYTHON ?= python3
+UV ?= $(shell command -v uv 2>/dev/null || echo .bootstrap/bin/uv)
+VENV := .venv
+BIN := $(VENV)/bin
+
+# `make run` serves inbox.toml when you have one, else the committed example.
+INBOX_CONFIG ?= $(if $(wildcard inbox.toml),inbox.toml,inbox.example.toml)
+# The example's `demo` source reads its secret from here; a local value for trying it out.
+DEMO_WEBHOOK_SECRET ?= demo-local-secret
+INBOX_LOG_FORMAT ?= text
+export INBOX_CONFIG DEMO_WEBHOOK_SECRET INBOX_LOG_FORMAT
+
+.PHONY: run test lint typecheck pytest migrate clean
+
+run: $(VENV)/.synced
+	$(BIN)/webhook-inbox serve
+
+test: lint typecheck pytest
+
+lint: $(VENV)/.synced
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.synced
+	$(BIN)/mypy --strict service
+
+pytest: $(VENV)/.synced
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+migrate: $(VENV)/.synced
+	$(BIN)/webhook-inbox migrate
+
+.bootstrap/bin/uv:
+	$(PYTHON) -m venv .bootstrap
+	.bootstrap/bin/pip install --quiet --disable-pip-version-check uv
+
+$(VENV)/.synced: uv.lock pyproject.toml | $(UV)
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --python $(PYTHON)
+	touch $@
+
+clean:
+	rm -rf $(VENV) .bootstrap .mypy_cache .ruff_cache .pytest_cache

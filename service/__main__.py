@@ -1,0 +1,5 @@
+"""`python -m service` is the `webhook-inbox` command."""
+
+from service.cli import main
+
+main()

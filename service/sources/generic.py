@@ -1,0 +1,181 @@
+"""Any sender: optional token, basic auth or HMAC, with the id taken from a header or JSON field."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.core.config import Secret, SourceConfig
+from service.sources.base import (
+    Message,
+    Messages,
+    RawDelivery,
+    Source,
+    Unauthenticated,
+    checked_message_id,
+    constant_time_equal,
+    parse_json,
+    require_json_media_type,
+)
+from service.sources.jsonpointer import resolve_pointer, validate_pointer
+
+_DIGESTS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha512": hashlib.sha512}
+
+
+class HmacConfig(BaseModel):
+    """`[sources.X.hmac]`: the header carrying an HMAC of the raw body, and how it is written."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    header: str = Field(min_length=1)
+    algorithm: Literal["sha1", "sha256", "sha512"] = "sha256"
+    encoding: Literal["hex", "base64"] = "hex"
+    prefix: str = ""
+
+
+class GenericConfig(SourceConfig):
+    id_header: str | None = None
+    id_json_pointer: str | None = None
+    id_fallback: Literal["body-sha256"] | None = None
+    event_type_header: str | None = None
+    event_type_json_pointer: str | None = None
+    basic_auth: Secret | None = None
+    hmac: HmacConfig | None = None
+
+    @field_validator("id_json_pointer", "event_type_json_pointer")
+    @classmethod
+    def _pointer(cls, value: str | None) -> str | None:
+        return None if value is None else validate_pointer(value)
+
+    @field_validator("basic_auth")
+    @classmethod
+    def _user_colon_password(cls, value: Any) -> Any:
+        if value is not None and ":" not in value.get_secret_value():
+            raise ValueError("basic_auth is 'user:password'")
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> GenericConfig:
+        if not (self.id_header or self.id_json_pointer or self.id_fallback):
+            raise ValueError(
+                "generic needs id_header, id_json_pointer or id_fallback = 'body-sha256'"
+            )
+        if self.hmac is not None and not self.secrets:
+            raise ValueError("hmac needs at least one entry in secrets")
+        if self.secrets and self.hmac is None:
+            raise ValueError("secrets are only used with [hmac]; add an hmac table")
+        return self
+
+
+class GenericSource(Source):
+    kind = "generic"
+    config_model: ClassVar[type[SourceConfig]] = GenericConfig
+    redelivery_days = 3.0
+
+    def __init__(self, name: str, config: SourceConfig) -> None:
+        assert isinstance(config, GenericConfig)
+        super().__init__(name, config)
+        self.generic = config
+
+    def is_sensitive_header(self, name: str) -> bool:
+        hmac_header = self.generic.hmac.header if self.generic.hmac else None
+        return super().is_sensitive_header(name) or name.lower() == (hmac_header or "").lower()
+
+    async def verify(self, delivery: RawDelivery) -> Messages:
+        config = self.generic
+        if config.basic_auth is not None:
+            self._check_basic_auth(delivery, config.basic_auth.get_secret_value())
+        if config.hmac is not None:
+            self._check_hmac(delivery, config.hmac)
+
+        needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
+        payload: Any = None
+        if needs_json:
+            require_json_media_type(delivery)
+            payload = parse_json(delivery.body)
+
+        message_id = self._message_id(delivery, payload)
+        event_type: Any = None
+        if config.event_type_header:
+            event_type = delivery.headers.get(config.event_type_header)
+        elif config.event_type_json_pointer is not None:
+            event_type = resolve_pointer(payload, config.event_type_json_pointer)
+        if event_type is not None and not isinstance(event_type, str):
+            event_type = json.dumps(event_type)
+        return Messages([Message(message_id, event_type)])
+
+    def _message_id(self, delivery: RawDelivery, payload: Any) -> str:
+        config = self.generic
+        if config.id_header:
+            value = delivery.headers.get(config.id_header)
+            where = f"the {config.id_header} header"
+        else:
+            value = None
+            where = ""
+        if not value and config.id_json_pointer is not None:
+            value = resolve_pointer(payload, config.id_json_pointer)
+            where = where or f"the JSON field {config.id_json_pointer}"
+        if (value is None or value == "") and config.id_fallback == "body-sha256":
+            return "sha256:" + hashlib.sha256(delivery.body).hexdigest()
+        if config.id_header and config.id_json_pointer is not None:
+            where = f"the {config.id_header} header or the JSON field {config.id_json_pointer}"
+        return checked_message_id(value, where)
+
+    @staticmethod
+    def _check_basic_auth(delivery: RawDelivery, expected: str) -> None:
+        scheme, _, encoded = delivery.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "basic" or not encoded:
+            raise Unauthenticated("missing Basic authorization")
+        try:
+            offered = base64.b64decode(encoded.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            raise Unauthenticated("malformed Basic authorization") from None
+        if not constant_time_equal(offered, expected.encode()):
+            raise Unauthenticated("Basic credentials do not match")
+
+    def _check_hmac(self, delivery: RawDelivery, spec: HmacConfig) -> None:
+        header = delivery.headers.get(spec.header)
+        if not header:
+            raise Unauthenticated(f"missing {spec.header} header")
+        if not header.startswith(spec.prefix):
+            raise Unauthenticated(f"{spec.header} does not start with {spec.prefix!r}")
+        offered = header[len(spec.prefix) :].strip()
+        if spec.encoding == "hex":
+            offered = offered.lower()
+        if not any(
+            constant_time_equal(self.signature(key, delivery.body, spec), offered)
+            for key in self.config.secret_values()
+        ):
+            raise Unauthenticated(f"{spec.header} does not match a configured secret")
+
+    @staticmethod
+    def signature(key: bytes, body: bytes, spec: HmacConfig) -> str:
+        """The signature text (without prefix) a sender computes over `body`."""
+        digest = hmac.new(key, body, _DIGESTS[spec.algorithm]).digest()
+        return digest.hex() if spec.encoding == "hex" else base64.b64encode(digest).decode()
+
+    def example_curl(self, base_url: str) -> str | None:
+        config = self.generic
+        body = {"id": "evt_demo_1", "type": "demo.created", "data": {"hello": "world"}}
+        raw = json.dumps(body).encode()
+        headers = ["-H 'content-type: application/json'"]
+        if config.id_header:
+            headers.append(f"-H '{config.id_header}: evt_demo_1'")
+        if config.event_type_header:
+            headers.append(f"-H '{config.event_type_header}: demo.created'")
+        if config.hmac is not None:
+            sig = self.signature(config.secret_values()[0], raw, config.hmac)
+            headers.append(f"-H '{config.hmac.header}: {config.hmac.prefix}{sig}'")
+        if config.basic_auth is not None or config.token is not None:
+            return None  # would print a credential on the console
+        return (
+            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
+            + " ".join(headers)
+            + f" --data '{raw.decode()}'"
+        )

