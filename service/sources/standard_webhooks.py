@@ -10,7 +10,7 @@ import json
 import time
 from typing import ClassVar
 
-from pydantic import SecretStr, field_validator
+from pydantic import SecretStr, field_validator, model_validator
 
 from service.core.config import SourceConfig
 from service.sources.base import (
@@ -60,11 +60,15 @@ class StandardWebhooksConfig(SourceConfig):
     @field_validator("secrets")
     @classmethod
     def _secrets_decode(cls, value: list[SecretStr]) -> list[SecretStr]:
-        if not value:
-            raise ValueError("standard-webhooks needs at least one secret (whsec_...)")
         for secret in value:
             decode_secret(secret.get_secret_value())
         return value
+
+    @model_validator(mode="after")
+    def _has_secret(self) -> StandardWebhooksConfig:
+        if not self.secrets:
+            raise ValueError("standard-webhooks needs at least one secret (whsec_...)")
+        return self
 
 
 def _header(delivery: RawDelivery, name: str) -> str | None:

@@ -1,0 +1,131 @@
+"""Configuration errors stop start-up with one line naming the source and the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.core.config import ConfigError, Settings
+from service.inbox_config import load_inbox_config, parse_inbox_config
+
+
+def error_for(config: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_inbox_config(config)
+    return str(info.value)
+
+
+def test_unknown_kind_names_source_and_field() -> None:
+    message = error_for({"sources": {"pay": {"kind": "stripey"}}})
+    assert message.startswith("sources.pay.kind: unknown kind 'stripey'")
+
+
+def test_missing_kind() -> None:
+    assert error_for({"sources": {"pay": {}}}).startswith("sources.pay.kind: missing")
+
+
+def test_unknown_key_names_it() -> None:
+    message = error_for({"sources": {"s": {"kind": "generic", "id_header": "x", "idheader": "y"}}})
+    assert message == "sources.s.idheader: unknown key"
+
+
+def test_unknown_top_level_key() -> None:
+    assert error_for({"source": {}}) == "source: unknown key"
+
+
+def test_missing_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOPE_SECRET", raising=False)
+    config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:NOPE_SECRET"]}}}
+    assert error_for(config) == "sources.sw.secrets.0: environment variable NOPE_SECRET is not set"
+
+
+def test_empty_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMPTY_SECRET", "  ")
+    config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:EMPTY_SECRET"]}}}
+    assert error_for(config) == "sources.sw.secrets.0: environment variable EMPTY_SECRET is empty"
+
+
+def test_env_secret_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOK_SECRET", "s3cr3t-value")
+    config = {
+        "sources": {
+            "g": {
+                "kind": "generic",
+                "id_header": "x-id",
+                "secrets": ["env:HOOK_SECRET"],
+                "hmac": {"header": "x-sig"},
+            }
+        }
+    }
+    source = parse_inbox_config(config).sources["g"]
+    assert source.config.secret_values() == [b"s3cr3t-value"]
+    assert "s3cr3t-value" not in repr(source.config)
+
+
+@pytest.mark.parametrize("placeholder", ["changeme", "", "<your secret>"])
+def test_placeholder_or_empty_secret(placeholder: str) -> None:
+    config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": [placeholder]}}}
+    assert error_for(config).startswith("sources.sw.secrets.0: secret is")
+
+
+def test_standard_webhooks_needs_a_secret() -> None:
+    assert "at least one secret" in error_for({"sources": {"sw": {"kind": "standard-webhooks"}}})
+
+
+def test_generic_needs_an_id_rule() -> None:
+    assert "id_header, id_json_pointer" in error_for({"sources": {"g": {"kind": "generic"}}})
+
+
+def test_bad_mode() -> None:
+    message = error_for({"sources": {"g": {"kind": "generic", "id_header": "x", "mode": "later"}}})
+    assert message.startswith("sources.g.mode:")
+
+
+def test_bad_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.toml"
+    path.write_text("[sources.a\nkind=1")
+    with pytest.raises(ConfigError) as info:
+        load_inbox_config(path)
+    assert str(info.value).startswith(f"{path}: invalid TOML")
+
+
+def test_missing_file_is_an_empty_configuration(tmp_path: Path) -> None:
+    assert dict(load_inbox_config(tmp_path / "absent.toml").sources) == {}
+
+
+def test_admin_tokens_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INBOX_ADMIN_TOKENS", "one, two,,three")
+    tokens = [t.get_secret_value() for t in Settings().admin_tokens]
+    assert tokens == ["one", "two", "three"]
+
+
+def test_serve_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.toml"
+    path.write_text('[sources.pay]\nkind = "generic"\nid_header = "x"\nmax_attempts = 0\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "service", "serve"],
+        env={"INBOX_CONFIG": str(path), "PATH": "/usr/bin:/bin", "DATABASE_URL": "postgresql://x"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"config error: {path}: sources.pay.max_attempts:")
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["migrate"]])
+def test_help(command: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "service", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0
+    assert "DATABASE_URL" in result.stdout
