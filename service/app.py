@@ -15,6 +15,7 @@ from service.core.migrations import head_revision
 from service.core.problems import install_problem_handlers
 from service.core.state import AppState
 from service.inbox_config import InboxConfig, load_inbox_config
+from service.store.group_commit import GroupCommitter
 
 DESCRIPTION = """
 webhook-inbox receives webhooks and push deliveries, records each message id in PostgreSQL
@@ -32,12 +33,24 @@ def create_app(settings: Settings | None = None, inbox: InboxConfig | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = create_engine(database_url(settings), settings)
-        app.state.inbox = AppState(
-            settings=settings, inbox=inbox, engine=engine, head_revision=head_revision()
+        committer = GroupCommitter(
+            engine,
+            flushers=settings.ingest_flushers,
+            max_queued=settings.ingest_max_queued,
+            wait_timeout=settings.db_timeout_seconds * 2,
         )
+        app.state.inbox = AppState(
+            settings=settings,
+            inbox=inbox,
+            engine=engine,
+            committer=committer,
+            head_revision=head_revision(),
+        )
+        committer.start()
         try:
             yield
         finally:
+            await committer.close()
             await engine.dispose()
 
     app = FastAPI(

@@ -15,7 +15,6 @@ from service.core.problems import problem, problem_responses, unavailable
 from service.core.state import StateDep
 from service.sources.base import Handshake, RawDelivery, Rejected, Source
 from service.store.errors import StoreUnavailable
-from service.store.ingest import record_messages
 
 log = logging.getLogger("service.ingest")
 
@@ -133,8 +132,7 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
         return handshake_response(verdict)
 
     try:
-        results = await record_messages(
-            state.engine,
+        results = await state.committer.record(
             source,
             verdict.items,
             stored_headers(configured, request),

@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     db_pool_size: int = Field(default=10, ge=1, le=200)
     db_timeout_seconds: float = Field(default=5.0, gt=0)
+    # Group commit: transactions writing deliveries at once, and deliveries allowed to wait
+    # for them before ingest answers 503 (backpressure).
+    ingest_flushers: int = Field(default=2, ge=1, le=32)
+    ingest_max_queued: int = Field(default=5000, ge=1)
 
     @field_validator("admin_tokens", mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.config import Settings
 from service.inbox_config import InboxConfig
+from service.store.group_commit import GroupCommitter
 
 
 @dataclass
@@ -17,6 +18,7 @@ class AppState:
     settings: Settings
     inbox: InboxConfig
     engine: AsyncEngine
+    committer: GroupCommitter
     head_revision: str | None
 
 

@@ -1,0 +1,241 @@
+"""Group commit: concurrent deliveries share one INSERT and one COMMIT, each still awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.sources.base import Message, Recorded
+from service.store.errors import StoreUnavailable, translate_errors
+from service.store.ingest import NOTIFY_CHANNEL
+
+log = logging.getLogger(__name__)
+
+# One statement for the whole batch. Rows arrive sorted by (source, message_id), so two batches
+# that share keys wait on each other in the same order instead of deadlocking.
+INSERT_BATCH = """
+INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type)
+SELECT source, message_id, event_type, headers::jsonb, body, content_type
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[])
+       AS t(source, message_id, event_type, headers, body, content_type)
+ON CONFLICT (source, message_id) DO NOTHING
+RETURNING id, source, message_id
+"""
+
+# Runs after INSERT_BATCH as its own statement: under READ COMMITTED it then sees rows whose
+# inserting transaction committed while our INSERT waited on them.
+COUNT_REDELIVERIES = """
+UPDATE inbox_messages AS m
+   SET receive_count = m.receive_count + d.n, last_received_at = now()
+  FROM unnest($1::text[], $2::text[], $3::int[]) AS d(source, message_id, n)
+ WHERE m.source = d.source AND m.message_id = d.message_id
+"""
+
+NOTIFY = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
+
+# A deadlock or serialization failure rolls back the whole batch; trying again is safe.
+_RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+
+
+@dataclass
+class _Entry:
+    """One request's messages, waiting to be written with whatever else is waiting."""
+
+    source: str
+    messages: Sequence[Message]
+    headers: str  # JSON text
+    body: bytes
+    content_type: str | None
+    done: asyncio.Future[list[Recorded]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def _consume(future: asyncio.Future[list[Recorded]]) -> None:
+    """Retrieve an abandoned future's exception, so asyncio does not warn about it."""
+    if not future.cancelled():
+        future.exception()
+
+
+class GroupCommitter:
+    """Writes the deliveries of concurrent requests in shared transactions.
+
+    A request's entry is written by the next free flusher together with every entry that
+    arrived while the flushers were busy (at most `max_batch` messages), so an idle service
+    writes a lone request at once and a busy one amortises each COMMIT over many requests.
+    Each request's future resolves only after the COMMIT that holds its rows, or fails with
+    `StoreUnavailable` if that transaction failed: a failed batch acknowledges none of its own
+    requests and touches no other batch's.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        flushers: int = 2,
+        max_batch: int = 500,
+        max_queued: int = 5000,
+        wait_timeout: float = 10.0,
+    ) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self.max_queued = max_queued
+        self.wait_timeout = wait_timeout
+        self.flusher_count = flushers
+        self._pending: deque[_Entry] = deque()
+        self._queued = 0  # messages in _pending
+        self._wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._flush_loop(), name=f"group-commit-{i}")
+            for i in range(self.flusher_count)
+        ]
+
+    async def close(self) -> None:
+        """Write what is queued, then stop the flushers."""
+        self._closed = True
+        self._wakeup.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def record(
+        self,
+        source: str,
+        messages: Sequence[Message],
+        headers: Mapping[str, str],
+        body: bytes,
+        content_type: str | None,
+    ) -> list[Recorded]:
+        """Record `messages` (one request's) and return once they are committed."""
+        if self._closed:
+            raise StoreUnavailable("shutting down")
+        if self._queued >= self.max_queued:
+            # Backpressure: a database that cannot keep up gets 503s, not an unbounded queue.
+            raise StoreUnavailable("too many deliveries waiting for the database")
+        entry = _Entry(source, messages, json.dumps(dict(headers)), body, content_type)
+        self._pending.append(entry)
+        self._queued += len(messages)
+        self._wakeup.set()
+        try:
+            # shield: a request that gives up must not cancel the batch it is part of. Its rows
+            # may still commit; the sender's retry then finds them as duplicates.
+            return await asyncio.wait_for(asyncio.shield(entry.done), self.wait_timeout)
+        except TimeoutError:
+            entry.done.add_done_callback(_consume)
+            raise StoreUnavailable("the database did not commit in time") from None
+
+    def _take_batch(self) -> list[_Entry]:
+        taken: list[_Entry] = []
+        count = 0
+        while self._pending:
+            size = len(self._pending[0].messages)
+            if taken and count + size > self.max_batch:
+                break
+            entry = self._pending.popleft()
+            taken.append(entry)
+            count += size
+        self._queued -= count
+        if not self._pending:
+            self._wakeup.clear()
+        return taken
+
+    async def _flush_loop(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closed:
+                    return
+                await self._wakeup.wait()
+                continue
+            batch = self._take_batch()
+            try:
+                results = await self._write(batch)
+            except Exception as exc:
+                failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(str(exc))
+                if not isinstance(exc, StoreUnavailable):
+                    log.exception("group commit failed", extra={"requests": len(batch)})
+                for entry in batch:
+                    if not entry.done.done():
+                        entry.done.set_exception(failure)
+                continue
+            for entry, recorded in zip(batch, results, strict=True):
+                if not entry.done.done():
+                    entry.done.set_result(recorded)
+
+    async def _write(self, batch: list[_Entry]) -> list[list[Recorded]]:
+        for attempt in range(3):
+            try:
+                async with translate_errors():
+                    return await self._write_once(batch)
+            except _RETRYABLE:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _write_once(self, batch: list[_Entry]) -> list[list[Recorded]]:
+        # The first occurrence of each key in the batch is the one that may be inserted;
+        # the others are duplicates whatever the INSERT finds.
+        first: dict[tuple[str, str], tuple[_Entry, Message]] = {}
+        repeats: dict[tuple[str, str], int] = {}
+        for entry in batch:
+            for message in entry.messages:
+                key = (entry.source, message.message_id)
+                if key in first:
+                    repeats[key] = repeats.get(key, 0) + 1
+                else:
+                    first[key] = (entry, message)
+
+        keys = sorted(first)
+        rows: list[list[Any]] = [[], [], [], [], [], []]
+        for key in keys:
+            entry, message = first[key]
+            rows[0].append(entry.source)
+            rows[1].append(message.message_id)
+            rows[2].append(message.event_type)
+            rows[3].append(entry.headers)
+            rows[4].append(entry.body if message.body is None else message.body)
+            rows[5].append(message.content_type or entry.content_type)
+
+        async with self.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            pg: asyncpg.Connection = raw.driver_connection
+            async with pg.transaction():
+                inserted = await pg.fetch(INSERT_BATCH, *rows)
+                ids = {(r["source"], r["message_id"]): int(r["id"]) for r in inserted}
+                for key in keys:
+                    if key not in ids:
+                        repeats[key] = repeats.get(key, 0) + 1
+                if repeats:
+                    dup_keys = sorted(repeats)
+                    await pg.execute(
+                        COUNT_REDELIVERIES,
+                        [k[0] for k in dup_keys],
+                        [k[1] for k in dup_keys],
+                        [repeats[k] for k in dup_keys],
+                    )
+                if ids:
+                    await pg.execute(NOTIFY)
+
+        results: list[list[Recorded]] = []
+        claimed: set[tuple[str, str]] = set()
+        for entry in batch:
+            recorded: list[Recorded] = []
+            for message in entry.messages:
+                key = (entry.source, message.message_id)
+                row_id = ids.get(key)
+                if row_id is not None and key not in claimed and first[key][1] is message:
+                    claimed.add(key)
+                    recorded.append(Recorded(message.message_id, "accepted", row_id))
+                else:
+                    recorded.append(Recorded(message.message_id, "duplicate", None))
+            results.append(recorded)
+        return results

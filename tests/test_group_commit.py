@@ -1,0 +1,125 @@
+"""Group commit's correctness: attribution inside a batch, exact counts, failures, no waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from service.core.config import Settings
+from service.core.db import create_engine
+from service.sources.base import Message, Recorded
+from service.store.errors import StoreUnavailable
+from service.store.group_commit import GroupCommitter
+from tests.pg import asyncpg_dsn
+
+
+@pytest.fixture
+async def committer(database_url: str) -> AsyncIterator[GroupCommitter]:
+    engine = create_engine(database_url, Settings(database_url="x"))
+    committer = GroupCommitter(engine, flushers=1)
+    committer.start()
+    yield committer
+    await committer.close()
+    await engine.dispose()
+
+
+def record(committer: GroupCommitter, *ids: str) -> asyncio.Task[list[Recorded]]:
+    messages = [Message(i, "t") for i in ids]
+    return asyncio.ensure_future(committer.record("s", messages, {}, b"{}", "application/json"))
+
+
+async def held_behind_a_lock(
+    database_url: str, committer: GroupCommitter, *requests: tuple[str, ...]
+) -> list[asyncio.Task[list[Recorded]]]:
+    """Queue `requests` while a first flush is blocked, so they form one batch."""
+    blocker = await asyncpg.connect(asyncpg_dsn(database_url))
+    tx = blocker.transaction()
+    await tx.start()
+    await blocker.execute("LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE")
+    first = record(committer, "warm-up")
+    await asyncio.sleep(0.2)  # the lone flusher is now stuck on the lock with "warm-up"
+    tasks = [record(committer, *ids) for ids in requests]
+    await asyncio.sleep(0.1)
+    await tx.rollback()
+    await blocker.close()
+    assert (await first)[0].outcome == "accepted"
+    return tasks
+
+
+async def test_duplicates_inside_one_batch_first_wins_and_counts_are_exact(
+    database_url: str, committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('s', 'old', '')"
+    )
+    tasks = await held_behind_a_lock(
+        database_url, committer, ("a",), ("b", "a"), ("a",), ("old",), ("c", "c")
+    )
+    results = [await t for t in tasks]
+    outcomes = [[r.outcome for r in rs] for rs in results]
+    assert outcomes == [
+        ["accepted"],
+        ["accepted", "duplicate"],
+        ["duplicate"],
+        ["duplicate"],
+        ["accepted", "duplicate"],
+    ]
+    counts = dict(await db.fetch("SELECT message_id, receive_count FROM inbox_messages"))
+    assert counts == {"warm-up": 1, "old": 2, "a": 3, "b": 1, "c": 2}
+    ids = {r.message_id: r.id for rs in results for r in rs if r.outcome == "accepted"}
+    stored = dict(await db.fetch("SELECT message_id, id FROM inbox_messages"))
+    assert all(stored[k] == v for k, v in ids.items())
+
+
+async def test_a_failing_batch_acknowledges_none_of_its_requests(
+    database_url: str, committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    # An id the table's CHECK refuses fails the batch's INSERT in the middle.
+    tasks = await held_behind_a_lock(
+        database_url, committer, ("good-1",), ("x" * 600,), ("good-2",)
+    )
+    for task in tasks:
+        with pytest.raises(StoreUnavailable):
+            await task
+    stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
+    assert stored == {"warm-up"}
+    # The next batch is unaffected.
+    assert (await record(committer, "good-1"))[0].outcome == "accepted"
+
+
+async def test_many_concurrent_deliveries_with_duplicates(
+    committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    ids = [f"m{i % 150}" for i in range(600)]  # each id four times
+    results = await asyncio.gather(*(record(committer, i) for i in ids))
+    accepted = [rs[0].message_id for rs in results if rs[0].outcome == "accepted"]
+    assert sorted(accepted) == sorted({*ids})
+    rows = await db.fetch("SELECT receive_count FROM inbox_messages")
+    assert len(rows) == 150
+    assert {r["receive_count"] for r in rows} == {4}
+
+
+async def test_a_lone_request_is_not_held_back(committer: GroupCommitter) -> None:
+    await record(committer, "warm")  # first connection set-up is not what is measured
+    started = time.monotonic()
+    (result,) = await record(committer, "alone")
+    assert result.outcome == "accepted"
+    assert time.monotonic() - started < 0.5
+
+
+async def test_backpressure_refuses_when_the_queue_is_full(database_url: str) -> None:
+    engine = create_engine(database_url, Settings(database_url="x"))
+    committer = GroupCommitter(engine, flushers=1, max_queued=2)
+    # Not started: nothing drains the queue, as when the database stalls.
+    first = record(committer, "1")
+    second = record(committer, "2")
+    await asyncio.sleep(0)
+    with pytest.raises(StoreUnavailable, match="too many"):
+        await record(committer, "3")
+    first.cancel()
+    second.cancel()
+    await engine.dispose()
