@@ -6,7 +6,7 @@ import json
 from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
-from pydantic import SecretStr, field_validator
+from pydantic import model_validator
 
 from service.core.config import SourceConfig
 from service.sources.base import (
@@ -36,10 +36,11 @@ def github_signature(secret: bytes, body: bytes) -> str:
 
 
 class GitHubConfig(SourceConfig):
-    @field_validator("secrets")
-    @classmethod
-    def _has_secret(cls, value: list[SecretStr]) -> list[SecretStr]:
-        return require_secrets("github", value)
+    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
+    @model_validator(mode="after")
+    def _has_secret(self) -> GitHubConfig:
+        require_secrets("github", self.secrets)
+        return self
 
 
 class GitHubSource(Source):

@@ -7,7 +7,7 @@ import binascii
 import json
 from typing import ClassVar
 
-from pydantic import SecretStr, field_validator
+from pydantic import model_validator
 
 from service.core.config import SourceConfig
 from service.sources.base import (
@@ -32,10 +32,11 @@ def shopify_signature(secret: bytes, body: bytes) -> str:
 
 
 class ShopifyConfig(SourceConfig):
-    @field_validator("secrets")
-    @classmethod
-    def _has_secret(cls, value: list[SecretStr]) -> list[SecretStr]:
-        return require_secrets("shopify", value)
+    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
+    @model_validator(mode="after")
+    def _has_secret(self) -> ShopifyConfig:
+        require_secrets("shopify", self.secrets)
+        return self
 
 
 class ShopifySource(Source):

@@ -20,11 +20,10 @@ def hmac_sha256(key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
-def require_secrets(kind: str, value: list[SecretStr]) -> list[SecretStr]:
+def require_secrets(kind: str, secrets: list[SecretStr]) -> None:
     """A signed kind cannot verify anything without a key: refuse to start instead."""
-    if not value:
+    if not secrets:
         raise ValueError(f"{kind} needs at least one entry in secrets")
-    return value
 
 
 def check_timestamp(text: str, header: str, tolerance_seconds: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from pydantic import SecretStr, field_validator
+from pydantic import model_validator
 
 from service.core.config import SourceConfig
 from service.sources.base import (
@@ -35,10 +35,11 @@ def slack_signature(secret: bytes, timestamp: str, body: bytes) -> str:
 
 
 class SlackConfig(SourceConfig):
-    @field_validator("secrets")
-    @classmethod
-    def _has_secret(cls, value: list[SecretStr]) -> list[SecretStr]:
-        return require_secrets("slack", value)
+    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
+    @model_validator(mode="after")
+    def _has_secret(self) -> SlackConfig:
+        require_secrets("slack", self.secrets)
+        return self
 
 
 class SlackSource(Source):

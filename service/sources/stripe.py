@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from pydantic import SecretStr, field_validator
+from pydantic import model_validator
 
 from service.core.config import SourceConfig
 from service.sources.base import (
@@ -51,10 +51,11 @@ def parse_signature_header(header: str) -> tuple[int, list[str]]:
 
 
 class StripeConfig(SourceConfig):
-    @field_validator("secrets")
-    @classmethod
-    def _has_secret(cls, value: list[SecretStr]) -> list[SecretStr]:
-        return require_secrets("stripe", value)
+    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
+    @model_validator(mode="after")
+    def _has_secret(self) -> StripeConfig:
+        require_secrets("stripe", self.secrets)
+        return self
 
 
 class StripeSource(Source):
