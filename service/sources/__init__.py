@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from service.sources.base import Source
 from service.sources.generic import GenericSource
+from service.sources.github import GitHubSource
+from service.sources.shopify import ShopifySource
+from service.sources.slack import SlackSource
 from service.sources.standard_webhooks import StandardWebhooksSource
+from service.sources.stripe import StripeSource
 
 KINDS: dict[str, type[Source]] = {
     cls.kind: cls
     for cls in (
         GenericSource,
         StandardWebhooksSource,
+        StripeSource,
+        GitHubSource,
+        ShopifySource,
+        SlackSource,
     )
 }
 

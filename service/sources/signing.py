@@ -1,0 +1,43 @@
+"""Pieces the HMAC-signed kinds share: the digest, the secret check, and the timestamp window."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+
+from pydantic import SecretStr
+
+from service.sources.base import Unauthenticated
+
+
+def now() -> float:
+    """The current Unix time; a function so tests can pin a provider's documented example."""
+    return time.time()
+
+
+def hmac_sha256(key: bytes, message: bytes) -> bytes:
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def require_secrets(kind: str, secrets: list[SecretStr]) -> None:
+    """A signed kind cannot verify anything without a key: refuse to start instead."""
+    if not secrets:
+        raise ValueError(f"{kind} needs at least one entry in secrets")
+
+
+def check_timestamp(text: str, header: str, tolerance_seconds: int) -> None:
+    """401 unless `text` is a Unix time within `tolerance_seconds` of now, either side.
+
+    Both directions count: a signed timestamp far in the future would let a captured
+    delivery be replayed for that long.
+    """
+    try:
+        timestamp = int(text)
+    except ValueError:
+        raise Unauthenticated(f"{header} is not a Unix timestamp") from None
+    skew = now() - timestamp
+    if skew > tolerance_seconds:
+        raise Unauthenticated(f"{header} is too old (outside tolerance)")
+    if -skew > tolerance_seconds:
+        raise Unauthenticated(f"{header} is in the future (outside tolerance)")

@@ -1,0 +1,108 @@
+"""Slack Events API: `v0=` hex HMAC-SHA256 of `v0:ts:body`; `event_id` is the key."""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from pydantic import model_validator
+
+from service.core.config import SourceConfig
+from service.sources.base import (
+    BadDelivery,
+    Handshake,
+    Message,
+    Messages,
+    RawDelivery,
+    Source,
+    Unauthenticated,
+    UnsupportedMediaType,
+    checked_message_id,
+    constant_time_equal,
+    parse_json,
+)
+from service.sources.signing import check_timestamp, hmac_sha256, now, require_secrets
+
+SIGNATURE_HEADER = "X-Slack-Signature"
+TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
+VERSION = "v0"
+
+
+def slack_signature(secret: bytes, timestamp: str, body: bytes) -> str:
+    """The `X-Slack-Signature` value: `v0=` + hex HMAC-SHA256 of `v0:{timestamp}:{body}`."""
+    base = f"{VERSION}:{timestamp}:".encode() + body
+    return f"{VERSION}=" + hmac_sha256(secret, base).hex()
+
+
+class SlackConfig(SourceConfig):
+    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
+    @model_validator(mode="after")
+    def _has_secret(self) -> SlackConfig:
+        require_secrets("slack", self.secrets)
+        return self
+
+
+class SlackSource(Source):
+    kind = "slack"
+    config_model: ClassVar[type[SourceConfig]] = SlackConfig
+    sensitive_headers = frozenset({"x-slack-signature"})
+    # Slack retries a failed event 3 times: at once, after 1 minute, after 5 minutes
+    # (api.slack.com/apis/events-api#retries). A day is the smallest window worth configuring.
+    redelivery_days = 1.0
+
+    async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
+        offered = delivery.headers.get(SIGNATURE_HEADER)
+        timestamp = delivery.headers.get(TIMESTAMP_HEADER)
+        if not offered:
+            raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
+        if not timestamp:
+            raise Unauthenticated(f"missing {TIMESTAMP_HEADER} header")
+        timestamp = timestamp.strip()
+        matches = [
+            constant_time_equal(slack_signature(key, timestamp, delivery.body), offered.strip())
+            for key in self.config.secret_values()
+        ]
+        if not any(matches):
+            raise Unauthenticated(f"{SIGNATURE_HEADER} does not match a configured secret")
+        check_timestamp(timestamp, TIMESTAMP_HEADER, self.config.tolerance_seconds)
+
+        media = delivery.media_type
+        if media and media != "application/json":
+            # Slash commands and interactivity post forms without an event_id to dedupe on.
+            raise UnsupportedMediaType(
+                f"content type {media!r} is not JSON; this source reads Events API callbacks"
+            )
+        payload = parse_json(delivery.body)
+        if not isinstance(payload, dict):
+            raise BadDelivery("body is not a JSON object; expected an Events API callback")
+        if payload.get("type") == "url_verification":
+            return self._challenge(payload.get("challenge"))
+
+        message_id = checked_message_id(payload.get("event_id"), "the JSON field event_id")
+        event = payload.get("event")
+        event_type = event.get("type") if isinstance(event, dict) else None
+        return Messages([Message(message_id, event_type if isinstance(event_type, str) else None)])
+
+    @staticmethod
+    def _challenge(challenge: object) -> Handshake:
+        """Answer the signed Request URL check by echoing its challenge; nothing is recorded."""
+        if not isinstance(challenge, str) or not challenge:
+            raise BadDelivery("url_verification without a challenge string")
+        return Handshake(200, {"challenge": challenge})
+
+    def example_curl(self, base_url: str) -> str | None:
+        body = json.dumps(
+            {
+                "type": "event_callback",
+                "event_id": "Ev0DEMO0001",
+                "event": {"type": "app_mention", "text": "hello"},
+            }
+        )
+        ts = str(int(now()))
+        signature = slack_signature(self.config.secret_values()[0], ts, body.encode())
+        return (
+            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
+            "-H 'content-type: application/json' "
+            f"-H '{TIMESTAMP_HEADER}: {ts}' -H '{SIGNATURE_HEADER}: {signature}' "
+            f"--data '{body}'"
+        )

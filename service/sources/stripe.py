@@ -1,0 +1,102 @@
+"""Stripe: `Stripe-Signature: t=…,v1=…`, hex HMAC-SHA256 of `t.body`; the event `id` is the key."""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from pydantic import model_validator
+
+from service.core.config import SourceConfig
+from service.sources.base import (
+    Message,
+    Messages,
+    RawDelivery,
+    Source,
+    Unauthenticated,
+    checked_message_id,
+    constant_time_equal,
+    parse_json,
+    require_json_media_type,
+)
+from service.sources.signing import check_timestamp, hmac_sha256, now, require_secrets
+
+HEADER = "Stripe-Signature"
+# Only v1 is Stripe's live scheme; v0 (and any future scheme) is ignored, as stripe-python does.
+SCHEME = "v1"
+
+
+def stripe_signature(secret: bytes, timestamp: int, body: bytes) -> str:
+    """The `v1` value: hex HMAC-SHA256 of `"{t}.{body}"`, keyed by the whole `whsec_…` string."""
+    return hmac_sha256(secret, f"{timestamp}.".encode() + body).hex()
+
+
+def stripe_signature_header(secret: bytes, timestamp: int, body: bytes) -> str:
+    return f"t={timestamp},{SCHEME}={stripe_signature(secret, timestamp, body)}"
+
+
+def parse_signature_header(header: str) -> tuple[int, list[str]]:
+    """`t` and every `v1` value of a `Stripe-Signature` header; ValueError when it has no `t`."""
+    timestamps: list[str] = []
+    signatures: list[str] = []
+    for item in header.split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "t":
+            timestamps.append(value)
+        elif key == SCHEME:
+            signatures.append(value)
+    if not timestamps:
+        raise ValueError("no t= element")
+    return int(timestamps[0]), signatures
+
+
+class StripeConfig(SourceConfig):
+    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
+    @model_validator(mode="after")
+    def _has_secret(self) -> StripeConfig:
+        require_secrets("stripe", self.secrets)
+        return self
+
+
+class StripeSource(Source):
+    kind = "stripe"
+    config_model: ClassVar[type[SourceConfig]] = StripeConfig
+    sensitive_headers = frozenset({"stripe-signature"})
+    # "Stripe attempts to deliver events to your destination for up to three days with an
+    # exponential back off" (docs.stripe.com/webhooks, live mode).
+    redelivery_days = 3.0
+
+    async def verify(self, delivery: RawDelivery) -> Messages:
+        header = delivery.headers.get(HEADER)
+        if not header:
+            raise Unauthenticated(f"missing {HEADER} header")
+        try:
+            timestamp, offered = parse_signature_header(header)
+        except ValueError:
+            raise Unauthenticated(f"{HEADER} is malformed: expected t=…,v1=…") from None
+        if not offered:
+            raise Unauthenticated(f"{HEADER} has no {SCHEME} signature")
+        expected = [
+            stripe_signature(key, timestamp, delivery.body) for key in self.config.secret_values()
+        ]
+        # Compare every pair so the time taken does not say which secret or signature matched.
+        matches = [constant_time_equal(e, o) for e in expected for o in offered]
+        if not any(matches):
+            raise Unauthenticated(f"no {HEADER} {SCHEME} signature matches a configured secret")
+        check_timestamp(str(timestamp), f"{HEADER} timestamp", self.config.tolerance_seconds)
+
+        require_json_media_type(delivery)
+        payload = parse_json(delivery.body)
+        if not isinstance(payload, dict):
+            payload = {}
+        message_id = checked_message_id(payload.get("id"), "the JSON field id (the event id)")
+        event_type = payload.get("type")
+        return Messages([Message(message_id, event_type if isinstance(event_type, str) else None)])
+
+    def example_curl(self, base_url: str) -> str | None:
+        body = json.dumps({"id": "evt_demo_1", "object": "event", "type": "demo.created"})
+        header = stripe_signature_header(self.config.secret_values()[0], int(now()), body.encode())
+        return (
+            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
+            f"-H 'content-type: application/json' -H '{HEADER}: {header}' --data '{body}'"
+        )
