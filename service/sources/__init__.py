@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from service.sources.base import Source
+from service.sources.cloudevents import CloudEventsSource
+from service.sources.dapr import DaprSource
+from service.sources.eventgrid import EventGridSource
 from service.sources.generic import GenericSource
+from service.sources.pubsub import PubSubSource
+from service.sources.sns import SnsSource
 from service.sources.standard_webhooks import StandardWebhooksSource
 
 KINDS: dict[str, type[Source]] = {
@@ -11,6 +16,11 @@ KINDS: dict[str, type[Source]] = {
     for cls in (
         GenericSource,
         StandardWebhooksSource,
+        PubSubSource,
+        SnsSource,
+        EventGridSource,
+        CloudEventsSource,
+        DaprSource,
     )
 }
 
