@@ -201,9 +201,7 @@ class PubSubSource(Source):
         except jwt.InvalidAudienceError:
             raise Unauthenticated("the bearer token's audience is not the configured one") from None
         except jwt.InvalidIssuerError:
-            raise Unauthenticated(
-                "the bearer token was not issued by accounts.google.com"
-            ) from None
+            raise Unauthenticated("the bearer token's issuer is not accounts.google.com") from None
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"the bearer token does not verify: {exc}") from None
         expected_email = self.pubsub.service_account_email
