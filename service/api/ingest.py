@@ -126,6 +126,9 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
         verdict = await configured.authenticate(delivery)
     except Rejected as exc:
         log_delivery(source, None, f"rejected:{exc.reason}", started)
+        answer = configured.answer_rejection(exc)
+        if answer is not None:
+            return handshake_response(answer)
         return problem(exc.status, exc.detail, title=exc.title)
     if isinstance(verdict, Handshake):
         log_delivery(source, None, "handshake", started)
@@ -146,6 +149,31 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
         log_delivery(source, result.message_id, result.outcome, started)
     status, payload = configured.respond(results, verdict.batch)
     return JSONResponse(payload, status_code=status)
+
+
+@router.options(
+    "/webhooks/{source}",
+    summary="Answer a sender's handshake",
+    description="The CloudEvents webhook abuse-protection handshake (`WebHook-Request-Origin`), "
+    "for the kinds that speak it; 405 for the others. Records nothing.",
+    status_code=200,
+    responses={**problem_responses(404, 405)},
+)
+async def handshake(source: str, request: Request, state: StateDep) -> Response:
+    configured = state.inbox.sources.get(source)
+    if configured is None:
+        return problem(404, f"no source named {source!r} is configured")
+    delivery = RawDelivery(request.method, request.headers, request.query_params, b"")
+    try:
+        answer = await configured.options(delivery)
+    except Rejected as exc:
+        log_delivery(source, None, f"rejected:{exc.reason}", time.perf_counter())
+        return problem(exc.status, exc.detail, title=exc.title)
+    if answer is None:
+        return problem(
+            405, f"source {source!r} answers no OPTIONS handshake", headers={"Allow": "POST"}
+        )
+    return handshake_response(answer)
 
 
 def log_delivery(source: str, message_id: str | None, outcome: str, started: float) -> None:

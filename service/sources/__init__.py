@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from service.sources.base import Source
+from service.sources.cloudevents import CloudEventsSource
+from service.sources.dapr import DaprSource
+from service.sources.eventgrid import EventGridSource
 from service.sources.generic import GenericSource
 from service.sources.github import GitHubSource
+from service.sources.pubsub import PubSubSource
 from service.sources.shopify import ShopifySource
 from service.sources.slack import SlackSource
+from service.sources.sns import SnsSource
 from service.sources.standard_webhooks import StandardWebhooksSource
 from service.sources.stripe import StripeSource
 
@@ -19,6 +24,11 @@ KINDS: dict[str, type[Source]] = {
         GitHubSource,
         ShopifySource,
         SlackSource,
+        PubSubSource,
+        SnsSource,
+        EventGridSource,
+        CloudEventsSource,
+        DaprSource,
     )
 }
 

@@ -149,6 +149,14 @@ class Source(ABC):
             return 200, {"status": "duplicate", "message_id": only.message_id}
         return 200, {"status": only.outcome, "id": only.id, "message_id": only.message_id}
 
+    async def options(self, delivery: RawDelivery) -> Handshake | None:
+        """Answer `OPTIONS /webhooks/{source}` (a protocol handshake), or None for 405."""
+        return None
+
+    def answer_rejection(self, rejected: Rejected) -> Handshake | None:
+        """A sender-specific answer to a refused delivery, or None for the SPEC §4 problem."""
+        return None
+
     def is_sensitive_header(self, name: str) -> bool:
         lower = name.lower()
         return (

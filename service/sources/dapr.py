@@ -1,0 +1,83 @@
+"""Dapr pub/sub HTTP subscriptions: a CloudEvents envelope, answered with Dapr's `status` body."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from service.core.config import Secret, SourceConfig
+from service.sources.base import (
+    BadDelivery,
+    Handshake,
+    Messages,
+    RawDelivery,
+    Recorded,
+    Rejected,
+    Source,
+    Unauthenticated,
+    UnsupportedMediaType,
+    constant_time_equal,
+)
+from service.sources.cloudevent import STRUCTURED, structured_event
+
+log = logging.getLogger("service.sources.dapr")
+
+API_TOKEN_HEADER = "dapr-api-token"
+
+
+class DaprConfig(SourceConfig):
+    # The sidecar's APP_API_TOKEN, sent in `dapr-api-token` on every call to the app.
+    app_api_token: Secret | None = None
+    # A delivery that can never be recorded (malformed, no id): "drop" answers DROP so the
+    # sidecar stops at once; "reject" answers the 400/415 problem, so Dapr retries it under its
+    # resiliency policy and then hands it to the subscription's dead-letter topic, if any.
+    on_malformed: Literal["drop", "reject"] = "drop"
+
+
+class DaprSource(Source):
+    kind = "dapr"
+    config_model: ClassVar[type[SourceConfig]] = DaprConfig
+    sensitive_headers = frozenset({API_TOKEN_HEADER})
+    # Dapr redelivers for as long as its broker keeps the message unacknowledged; 7 days
+    # covers Kafka's default retention and Pub/Sub's and Service Bus's usual settings.
+    redelivery_days = 7.0
+
+    def __init__(self, name: str, config: SourceConfig) -> None:
+        assert isinstance(config, DaprConfig)
+        super().__init__(name, config)
+        self.dapr = config
+
+    async def verify(self, delivery: RawDelivery) -> Messages:
+        if self.dapr.app_api_token is not None:
+            offered = delivery.headers.get(API_TOKEN_HEADER)
+            if not offered:
+                raise Unauthenticated(f"missing {API_TOKEN_HEADER} header")
+            if not constant_time_equal(offered, self.dapr.app_api_token.get_secret_value()):
+                raise Unauthenticated(f"{API_TOKEN_HEADER} does not match app_api_token")
+        # Dapr posts the envelope in structured mode; a publisher's own CloudEvent may arrive as
+        # plain JSON. A raw payload (metadata.rawPayload) carries no id to deduplicate on.
+        if delivery.media_type not in (STRUCTURED, "application/json"):
+            raise UnsupportedMediaType(
+                f"content type {delivery.media_type!r}: Dapr delivers {STRUCTURED}"
+            )
+        return structured_event(delivery)
+
+    def respond(self, results: Sequence[Recorded], batch: bool) -> tuple[int, Any]:
+        # A duplicate is SUCCESS too: anything else would make the sidecar redeliver a
+        # message that is already recorded.
+        (only,) = results
+        return 200, {"status": "SUCCESS", "message_id": only.message_id, "outcome": only.outcome}
+
+    def answer_rejection(self, rejected: Rejected) -> Handshake | None:
+        # 401 stays a problem (Dapr retries: a rotated token heals); 503 from the store is
+        # already a non-2xx, which Dapr retries like RETRY.
+        if self.dapr.on_malformed == "drop" and isinstance(
+            rejected, BadDelivery | UnsupportedMediaType
+        ):
+            log.warning(
+                "dapr delivery dropped",
+                extra={"source": self.name, "reason": rejected.reason, "detail": rejected.detail},
+            )
+            return Handshake(200, {"status": "DROP", "detail": rejected.detail})
+        return None
