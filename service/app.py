@@ -13,6 +13,7 @@ from service.core.config import Settings
 from service.core.db import create_engine, database_url
 from service.core.migrations import head_revision
 from service.core.problems import install_problem_handlers
+from service.core.request_id import RequestIdMiddleware
 from service.core.state import AppState
 from service.inbox_config import InboxConfig, load_inbox_config
 from service.store.group_commit import GroupCommitter
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None, inbox: InboxConfig | None = Non
         lifespan=lifespan,
     )
     install_problem_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
     app.include_router(ingest.router)
     app.include_router(health.router)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -45,18 +46,24 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing as soon as more than `limit` bytes are announced or read."""
+async def read_body(request: Request, limit: int, within_seconds: float) -> bytes:
+    """The request body, refusing as soon as more than `limit` bytes are announced or read.
+
+    Raises `TimeoutError` when the whole body has not arrived within `within_seconds`, so a
+    client trickling its body cannot hold a request open indefinitely. Nothing here touches
+    the database: a slow or vanished client never holds a connection.
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
+    async with asyncio.timeout(within_seconds):
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
     return b"".join(chunks)
 
 
@@ -94,7 +101,7 @@ message's `receive_count`. Errors are RFC 9457 problem documents and record noth
     description=INGEST_DESCRIPTION,
     response_model=Accepted | BatchAccepted,
     responses={
-        **problem_responses(400, 401, 404, 413, 415, 500, 503),
+        **problem_responses(400, 401, 404, 408, 413, 415, 500, 503),
     },
     openapi_extra={
         "requestBody": {
@@ -112,11 +119,14 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
     configured = state.inbox.sources.get(source)
     if configured is None:
         return problem(404, f"no source named {source!r} is configured")
+    settings = state.settings
     try:
-        body = await read_body(request, state.settings.max_body_bytes)
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
     except BodyTooLarge:
+        return problem(413, f"body is larger than the limit of {settings.max_body_bytes} bytes")
+    except TimeoutError:
         return problem(
-            413, f"body is larger than the limit of {state.settings.max_body_bytes} bytes"
+            408, f"the body did not arrive within {settings.body_timeout_seconds} seconds"
         )
     except ClientDisconnect:
         return problem(400, "the client disconnected before sending the whole body")

@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     # for them before ingest answers 503 (backpressure).
     ingest_flushers: int = Field(default=2, ge=1, le=32)
     ingest_max_queued: int = Field(default=5000, ge=1)
+    # Slow and broken clients: the whole body must arrive within this many seconds (else 408),
+    # and a server process takes at most this many concurrent connections (else 503).
+    body_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_connections: int = Field(default=1000, ge=1)
 
     @field_validator("admin_tokens", mode="before")
     @classmethod

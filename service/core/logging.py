@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from service.core.request_id import REQUEST_ID
+
 # Attributes every LogRecord has; anything else was passed with `extra=` and is a field.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {
     "message",
@@ -15,6 +17,15 @@ _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {
     "taskName",
     "color_message",  # uvicorn's ANSI-coloured copy of the message
 }
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamp each record made while serving a request with that request's id."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "request_id", None) is None:
+            record.request_id = REQUEST_ID.get()
+        return True
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -48,6 +59,7 @@ class TextFormatter(logging.Formatter):
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

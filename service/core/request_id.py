@@ -1,0 +1,41 @@
+"""A request id for every HTTP request: taken from `X-Request-Id` or made, logged, echoed back."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from contextvars import ContextVar
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
+
+_ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class RequestIdMiddleware:
+    """Pure ASGI (no per-request Starlette objects) so it costs the hot path almost nothing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+        text = offered.decode("latin-1")
+        request_id = text if _ACCEPTABLE.match(text) else uuid.uuid4().hex
+        token = REQUEST_ID.set(request_id)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)
