@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from service.core.problems import problem, problem_responses, unavailable
 from service.core.state import StateDep
 from service.sources.base import Handshake, RawDelivery, Rejected, Source
-from service.store.errors import StoreUnavailable
+from service.store.errors import StoreOverloaded, StoreUnavailable
 
 log = logging.getLogger("service.ingest")
 
@@ -152,6 +152,9 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
             body,
             delivery.content_type or None,
         )
+    except StoreOverloaded:
+        log_delivery(source, None, "overloaded", started)
+        return unavailable("too many deliveries are waiting for the database; nothing was recorded")
     except StoreUnavailable:
         log_delivery(source, None, "unavailable", started)
         return unavailable()

@@ -15,6 +15,10 @@ class StoreUnavailable(Exception):
     """The database could not be reached or did not answer in time; nothing was committed."""
 
 
+class StoreOverloaded(StoreUnavailable):
+    """Too much is already waiting for the database; refused at once rather than queued."""
+
+
 # Connection refused, socket gone, server shutting down, pool exhausted, statement timeout.
 _UNAVAILABLE = (
     OperationalError,

@@ -14,7 +14,7 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.sources.base import Message, Recorded
-from service.store.errors import StoreUnavailable, translate_errors
+from service.store.errors import StoreOverloaded, StoreUnavailable, translate_errors
 from service.store.ingest import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class GroupCommitter:
         self.wait_timeout = wait_timeout
         self.flusher_count = flushers
         self._pending: deque[_Entry] = deque()
-        self._queued = 0  # messages in _pending
+        self._waiting = 0  # messages whose requests await a commit, queued or being written
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -119,12 +119,12 @@ class GroupCommitter:
         """Record `messages` (one request's) and return once they are committed."""
         if self._closed:
             raise StoreUnavailable("shutting down")
-        if self._queued >= self.max_queued:
+        if self._waiting + len(messages) > self.max_queued:
             # Backpressure: a database that cannot keep up gets 503s, not an unbounded queue.
-            raise StoreUnavailable("too many deliveries waiting for the database")
+            raise StoreOverloaded("too many deliveries waiting for the database")
         entry = _Entry(source, messages, json.dumps(dict(headers)), body, content_type)
         self._pending.append(entry)
-        self._queued += len(messages)
+        self._waiting += len(messages)
         self._wakeup.set()
         try:
             # shield: a request that gives up must not cancel the batch it is part of. Its rows
@@ -133,6 +133,8 @@ class GroupCommitter:
         except TimeoutError:
             entry.done.add_done_callback(_consume)
             raise StoreUnavailable("the database did not commit in time") from None
+        finally:
+            self._waiting -= len(messages)
 
     def _take_batch(self) -> list[_Entry]:
         taken: list[_Entry] = []
@@ -144,7 +146,6 @@ class GroupCommitter:
             entry = self._pending.popleft()
             taken.append(entry)
             count += size
-        self._queued -= count
         if not self._pending:
             self._wakeup.clear()
         return taken
