@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None, inbox: InboxConfig | None = Non
     settings = settings or Settings()
     inbox = inbox if inbox is not None else load_inbox_config(Path(settings.config))
     # Per app, not per module: each test's app (and each server process) counts on its own.
-    app_metrics = Metrics()
+    app_metrics = Metrics(sources=inbox.sources)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -66,7 +66,8 @@ async def test_retry_gives_a_fresh_budget_and_records_who(
             "SELECT started_at FROM inbox_attempts WHERE message_id = $1", ids[status]
         )
         assert started >= before - timedelta(seconds=5)
-    assert FINGERPRINT.startswith("token:") and TOKEN not in FINGERPRINT
+    assert FINGERPRINT.startswith("token:")
+    assert TOKEN not in FINGERPRINT
 
 
 async def test_retry_refuses_unfinished_and_unknown_messages(

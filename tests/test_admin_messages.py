@@ -204,7 +204,8 @@ async def test_message_detail_has_headers_payload_and_history(
         (2, "retrying", "boom 2"),
     ]
     first = detail["attempts"][0]
-    assert first["started_at"] and first["finished_at"]
+    assert first["started_at"]
+    assert first["finished_at"]
     assert first["error_type"] == "RuntimeError"
     assert first["actor"] is None
     assert raw["payload"] is None

@@ -146,7 +146,9 @@ def test_retention_below_a_source_floor_refuses_to_start(
         parse_inbox_config(config(**retention))
     message = str(raised.value)
     assert message.startswith(f"retention.{key}:")
-    assert "'hooks'" in message and "3 days" in message and "redeliver" in message
+    assert "'hooks'" in message
+    assert "3 days" in message
+    assert "redeliver" in message
     assert "\n" not in message
 
 
@@ -163,7 +165,8 @@ def test_cli_refuses_a_short_retention_with_one_line(
         main(["prune"])
     text = str(raised.value.code)
     assert text.startswith("config error: ")
-    assert "retention.processed_days" in text and "\n" not in text
+    assert "retention.processed_days" in text
+    assert "\n" not in text
 
 
 def test_cli_prune_prints_what_it_deleted(

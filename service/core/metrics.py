@@ -66,7 +66,7 @@ class _InboxCollector(Collector):
 class Metrics:
     """Every series the service exposes, registered in a registry of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, sources: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -112,6 +112,15 @@ class Metrics:
         )
         self._inbox = _InboxCollector()
         self.registry.register(self._inbox)
+        # Series that exist from the start, at zero, so that rate() and alerts see them before
+        # the first event rather than appearing out of nowhere.
+        for source in sources:
+            self.ingest_duration.labels(source)
+            self.handler_duration.labels(source)
+        for status in ("processed", "discarded", "dead"):
+            self.pruned_rows.labels(status)
+        for action in ("admin_retry", "admin_replay", "admin_discard"):
+            self.admin_actions.labels(action)
 
     def delivery(self, source: str, outcome: str, reason: str = "") -> None:
         self.deliveries.labels(source, outcome, reason).inc()
