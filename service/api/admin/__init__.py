@@ -11,7 +11,7 @@ from service.core.security import require_admin
 router = APIRouter(
     prefix="/admin",
     dependencies=[Depends(require_admin)],
-    responses=problem_responses(401, 422, 503),
+    responses=problem_responses(400, 401, 422, 503),
 )
 router.include_router(messages.router)
 router.include_router(operations.router)
