@@ -192,3 +192,28 @@ def test_cli_prune_prints_what_it_deleted(
     main(["prune"])
     out = capsys.readouterr().out
     assert "pruned 1 rows: processed=0 discarded=1 dead=0 (hooks=1)" in out
+
+
+async def test_prune_periodically_prunes_until_stopped(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    import asyncio
+
+    from service.retention import prune_periodically
+
+    await seed(db, "old", status="processed", age=40 * DAY)
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    stop = asyncio.Event()
+    try:
+        task = asyncio.create_task(
+            prune_periodically(engine, parse_inbox_config(config()), stop, interval_seconds=60)
+        )
+        for _ in range(100):
+            if not await remaining(db):
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+    finally:
+        await engine.dispose()
+    assert await remaining(db) == set()
