@@ -1,4 +1,4 @@
-"""The `webhook-inbox` command: serve, worker, migrate."""
+"""The `webhook-inbox` command: serve, worker, migrate, prune."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from service.core.logging import configure_logging
 from service.core.migrations import upgrade
 from service.core.security import ensure_admin_tokens
 from service.inbox_config import InboxConfig, load_inbox_config
+from service.retention import PruneReport, prune
 
 log = logging.getLogger("service.cli")
 
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Apply the Alembic migrations up to head, then exit.",
         epilog=EPILOG,
     )
+    commands.add_parser(
+        "prune",
+        help="apply retention now and exit",
+        description="Delete processed, discarded (and, with dead_days, dead) rows older than "
+        "[retention] allows, never inside a source's redelivery window; print what went.",
+        epilog=EPILOG,
+    )
     return parser
 
 
@@ -85,6 +93,22 @@ async def migrate(url: str, settings: Settings) -> None:
         await upgrade(engine)
     finally:
         await engine.dispose()
+
+
+async def prune_once(url: str, settings: Settings, inbox: InboxConfig) -> PruneReport:
+    engine = create_engine(url, settings)
+    try:
+        return await prune(engine, inbox)
+    finally:
+        await engine.dispose()
+
+
+def describe_prune(report: PruneReport) -> str:
+    statuses = " ".join(f"{status}={count}" for status, count in report.by_status.items())
+    line = f"pruned {report.total} rows: {statuses}"
+    if report.by_source:
+        line += " (" + ", ".join(f"{s}={n}" for s, n in sorted(report.by_source.items())) + ")"
+    return line
 
 
 def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
@@ -155,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         url = database_url(settings)
         asyncio.run(migrate(url, settings))
         print(f"migrated {describe_url(url)} to head")
+    elif args.command == "prune":
+        settings, inbox = load()
+        url = database_url(settings)
+        print(describe_prune(asyncio.run(prune_once(url, settings, inbox))))
     else:  # pragma: no cover - argparse refuses unknown commands
         sys.exit(2)
 

@@ -43,6 +43,35 @@ def build_source(name: str, table: Any) -> Source:
     return cls(name, config)
 
 
+def unconfigured_source_floor_days() -> float:
+    """The redelivery floor for rows of a source no longer configured: the longest of any kind."""
+    return max(cls.redelivery_days for cls in KINDS.values())
+
+
+def _days(value: float) -> str:
+    return f"{value:g} day" + ("" if value == 1 else "s")
+
+
+def check_retention_floors(sources: Mapping[str, Source], retention: RetentionConfig) -> None:
+    """Refuse a retention shorter than a source's redelivery window.
+
+    Pruning a row while its sender may still redeliver the message removes its dedup key, and
+    the redelivery would be accepted and processed a second time.
+    """
+    for name, source in sources.items():
+        floor = source.redelivery_days
+        for key, days in (
+            ("processed_days", retention.processed_days),
+            ("dead_days", retention.dead_days),
+        ):
+            if days is not None and days < floor:
+                raise ConfigError(
+                    f"retention.{key}: {_days(days)} is shorter than the {_days(floor)} a "
+                    f"{source.kind} sender may redeliver a message (source {name!r}); pruning "
+                    f"sooner would let a redelivery be processed twice, so set at least {floor:g}"
+                )
+
+
 def parse_inbox_config(raw: Mapping[str, Any]) -> InboxConfig:
     """Build the configuration from a parsed TOML document."""
     unknown = set(raw) - {"sources", "retention"}
@@ -56,6 +85,7 @@ def parse_inbox_config(raw: Mapping[str, Any]) -> InboxConfig:
         retention = RetentionConfig.model_validate(raw.get("retention", {}))
     except ValidationError as exc:
         raise ConfigError(format_validation_error("retention", exc)) from None
+    check_retention_floors(sources, retention)
     return InboxConfig(sources=sources, retention=retention)
 
 

@@ -12,8 +12,9 @@ from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from service.core.metrics import UNKNOWN_SOURCE, Metrics
 from service.core.problems import problem, problem_responses, unavailable
-from service.core.state import StateDep
+from service.core.state import AppState, StateDep
 from service.sources.base import Handshake, RawDelivery, Rejected, Source
 from service.store.errors import StoreOverloaded, StoreUnavailable
 
@@ -116,32 +117,47 @@ message's `receive_count`. Errors are RFC 9457 problem documents and record noth
 )
 async def receive(source: str, request: Request, state: StateDep) -> Response:
     started = time.perf_counter()
+    try:
+        return await handle_delivery(source, request, state, started)
+    finally:
+        label = source if source in state.inbox.sources else UNKNOWN_SOURCE
+        state.metrics.ingest_finished(label, started)
+
+
+async def handle_delivery(
+    source: str, request: Request, state: AppState, started: float
+) -> Response:
+    metrics = state.metrics
     configured = state.inbox.sources.get(source)
     if configured is None:
+        metrics.delivery(UNKNOWN_SOURCE, "rejected", "unknown_source")
         return problem(404, f"no source named {source!r} is configured")
     settings = state.settings
     try:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
     except BodyTooLarge:
+        log_delivery(metrics, source, None, "rejected:too_large", started)
         return problem(413, f"body is larger than the limit of {settings.max_body_bytes} bytes")
     except TimeoutError:
+        log_delivery(metrics, source, None, "rejected:body_timeout", started)
         return problem(
             408, f"the body did not arrive within {settings.body_timeout_seconds} seconds"
         )
     except ClientDisconnect:
+        log_delivery(metrics, source, None, "rejected:client_disconnect", started)
         return problem(400, "the client disconnected before sending the whole body")
 
     delivery = RawDelivery(request.method, request.headers, request.query_params, body)
     try:
         verdict = await configured.authenticate(delivery)
     except Rejected as exc:
-        log_delivery(source, None, f"rejected:{exc.reason}", started)
+        log_delivery(metrics, source, None, f"rejected:{exc.reason}", started)
         answer = configured.answer_rejection(exc)
         if answer is not None:
             return handshake_response(answer)
         return problem(exc.status, exc.detail, title=exc.title)
     if isinstance(verdict, Handshake):
-        log_delivery(source, None, "handshake", started)
+        log_delivery(metrics, source, None, "handshake", started)
         return handshake_response(verdict)
 
     try:
@@ -153,13 +169,13 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
             delivery.content_type or None,
         )
     except StoreOverloaded:
-        log_delivery(source, None, "overloaded", started)
+        log_delivery(metrics, source, None, "unavailable:overloaded", started)
         return unavailable("too many deliveries are waiting for the database; nothing was recorded")
     except StoreUnavailable:
-        log_delivery(source, None, "unavailable", started)
+        log_delivery(metrics, source, None, "unavailable", started)
         return unavailable()
     for result in results:
-        log_delivery(source, result.message_id, result.outcome, started)
+        log_delivery(metrics, source, result.message_id, result.outcome, started)
     status, payload = configured.respond(results, verdict.batch)
     return JSONResponse(payload, status_code=status)
 
@@ -180,7 +196,7 @@ async def handshake(source: str, request: Request, state: StateDep) -> Response:
     try:
         answer = await configured.options(delivery)
     except Rejected as exc:
-        log_delivery(source, None, f"rejected:{exc.reason}", time.perf_counter())
+        log_delivery(state.metrics, source, None, f"rejected:{exc.reason}", time.perf_counter())
         return problem(exc.status, exc.detail, title=exc.title)
     if answer is None:
         return problem(
@@ -189,7 +205,12 @@ async def handshake(source: str, request: Request, state: StateDep) -> Response:
     return handshake_response(answer)
 
 
-def log_delivery(source: str, message_id: str | None, outcome: str, started: float) -> None:
+def log_delivery(
+    metrics: Metrics, source: str, message_id: str | None, outcome: str, started: float
+) -> None:
+    """Log one delivery's outcome (`rejected:<reason>` for a refusal) and count it."""
+    kind, _, reason = outcome.partition(":")
+    metrics.delivery(source, kind, reason)
     fields: dict[str, Any] = {
         "source": source,
         "message_id": message_id,

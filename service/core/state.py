@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.config import Settings
+from service.core.metrics import Metrics
 from service.inbox_config import InboxConfig
 from service.store.group_commit import GroupCommitter
 
@@ -20,6 +21,11 @@ class AppState:
     engine: AsyncEngine
     committer: GroupCommitter
     head_revision: str | None
+    metrics: Metrics = field(default_factory=Metrics)
+    # Admin bearer tokens in force (configured or generated); never logged or answered.
+    admin_tokens: list[str] = field(default_factory=list, repr=False)
+    # Signs the admin listings' cursors; see `service.core.cursor.cursor_key`.
+    cursor_key: bytes = field(default=b"", repr=False)
 
 
 def get_state(request: Request) -> AppState:

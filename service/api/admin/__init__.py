@@ -1,0 +1,19 @@
+"""The admin REST API (SPEC §6): inbox state, history, retries, statistics and retention."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from service.api.admin import messages, operations
+from service.core.problems import problem_responses
+from service.core.security import require_admin
+
+router = APIRouter(
+    prefix="/admin",
+    dependencies=[Depends(require_admin)],
+    responses=problem_responses(400, 401, 422, 503),
+)
+router.include_router(messages.router)
+router.include_router(operations.router)
+
+__all__ = ["router"]

@@ -1,0 +1,216 @@
+"""Admin routes over messages: list, inspect, retry, replay, discard, dead letters."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Query
+
+from service.api.admin.models import (
+    MAX_ID,
+    BulkRetryRequest,
+    BulkRetryResult,
+    DeadLetterQuery,
+    MessageDetail,
+    MessageFilters,
+    MessagePage,
+    MessageQuery,
+    MessageSummary,
+    RetryRequest,
+    RetryResult,
+)
+from service.core.cursor import CursorError, Position, decode_cursor, encode_cursor
+from service.core.problems import ProblemError, problem_responses
+from service.core.security import AdminDep
+from service.core.state import AppState, StateDep
+from service.store import admin as store
+from service.store.admin import MessageFilter
+
+log = logging.getLogger("service.admin")
+
+router = APIRouter(tags=["admin: messages"])
+
+MessageIdPath = Annotated[int, Path(ge=1, le=MAX_ID, description="The inbox row id.")]
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """The store's refusals as problems: unknown id → 404, a disallowed transition → 409."""
+    try:
+        yield
+    except store.MessageNotFound as exc:
+        raise ProblemError(404, f"no message with id {exc.args[0]}") from None
+    except store.InvalidTransition as exc:
+        raise ProblemError(409, exc.detail) from None
+
+
+def to_filter(filters: MessageFilters, statuses: list[str]) -> MessageFilter:
+    return MessageFilter(
+        source=filters.source,
+        statuses=tuple(statuses),
+        event_type=filters.event_type,
+        message_id=filters.message_id,
+        received_after=filters.received_after,
+        received_before=filters.received_before,
+    )
+
+
+def cursor_scope(listing: str, filters: MessageFilter) -> str:
+    """What a cursor is bound to: the listing and its filters, canonically written."""
+    fields = {
+        "source": filters.source,
+        "statuses": sorted(set(filters.statuses)),
+        "event_type": filters.event_type,
+        "message_id": filters.message_id,
+        "received_after": filters.received_after,
+        "received_before": filters.received_before,
+    }
+    return listing + json.dumps(fields, sort_keys=True, default=str)
+
+
+async def page(
+    state: AppState, listing: str, filters: MessageFilter, limit: int, cursor: str | None
+) -> MessagePage:
+    scope = cursor_scope(listing, filters)
+    after: Position | None = None
+    if cursor is not None:
+        try:
+            after = decode_cursor(state.cursor_key, scope, cursor)
+        except CursorError as exc:
+            raise ProblemError(400, str(exc)) from None
+    rows, last = await store.list_messages(state.engine, filters, limit, after)
+    return MessagePage(
+        items=[MessageSummary.from_row(r) for r in rows],
+        next_cursor=None if last is None else encode_cursor(state.cursor_key, scope, last),
+    )
+
+
+@router.get("/messages", response_model=MessagePage, responses=problem_responses(400))
+async def list_messages(state: StateDep, query: Annotated[MessageQuery, Query()]) -> MessagePage:
+    """List messages, newest first, filtered and paged by cursor."""
+    filters = to_filter(query, list(query.status))
+    return await page(state, "messages", filters, query.limit, query.cursor)
+
+
+@router.get("/dead-letters", response_model=MessagePage, responses=problem_responses(400))
+async def list_dead_letters(
+    state: StateDep, query: Annotated[DeadLetterQuery, Query()]
+) -> MessagePage:
+    """List dead messages (attempts exhausted or failed permanently), newest first."""
+    filters = to_filter(query, ["dead"])
+    return await page(state, "dead-letters", filters, query.limit, query.cursor)
+
+
+def decode_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:
+    """(payload, None) for a JSON body, else (None, base64 of the bytes)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if payload is not None:
+            return payload, None
+    return None, base64.b64encode(body).decode()
+
+
+@router.get("/messages/{id}", response_model=MessageDetail, responses=problem_responses(404))
+async def get_message(state: StateDep, id: MessageIdPath) -> MessageDetail:
+    """Show one message: headers, body, and its attempt and admin-action history."""
+    with store_errors():
+        row = await store.get_message(state.engine, id)
+    headers = row["headers"]
+    if isinstance(headers, str):
+        headers = json.loads(headers)
+    payload, body_base64 = decode_body(bytes(row["body"]), row["content_type"])
+    return MessageDetail.model_validate(
+        {
+            **row,
+            "attempt_count": row["attempts"],
+            "headers": headers,
+            "payload": payload,
+            "body_base64": body_base64,
+            "attempts": row["attempt_history"],
+        }
+    )
+
+
+@router.post(
+    "/messages/retry",
+    response_model=BulkRetryResult,
+    responses=problem_responses(400),
+)
+async def bulk_retry(
+    state: StateDep, admin: AdminDep, request: Annotated[BulkRetryRequest, Body()]
+) -> BulkRetryResult:
+    """Retry every message matching the filters, in batches; `dry_run` only counts."""
+    filters = to_filter(request, list(request.status))
+    result = await store.bulk_retry(
+        state.engine, filters, admin.actor, force=request.force, dry_run=request.dry_run
+    )
+    for action, count in result.by_action.items():
+        state.metrics.admin_actions.labels(action).inc(count)
+    log.info(
+        "bulk retry",
+        extra={
+            "actor": admin.actor,
+            "dry_run": request.dry_run,
+            "matched": result.matched,
+            "retried": result.retried,
+            "source": request.source,
+        },
+    )
+    return BulkRetryResult(matched=result.matched, retried=result.retried)
+
+
+@router.post(
+    "/messages/{id}/retry", response_model=RetryResult, responses=problem_responses(404, 409)
+)
+async def retry_message(
+    state: StateDep,
+    admin: AdminDep,
+    id: MessageIdPath,
+    request: Annotated[RetryRequest | None, Body()] = None,
+) -> RetryResult:
+    """Give a retrying, dead or discarded message a fresh attempt budget; replay with force."""
+    force = request.force if request is not None else False
+    with store_errors():
+        row, action = await store.retry_message(state.engine, id, admin.actor, force)
+    state.metrics.admin_actions.labels(action).inc()
+    log.info(
+        action,
+        extra={
+            "actor": admin.actor,
+            "id": id,
+            "source": row["source"],
+            "message_id": row["message_id"],
+        },
+    )
+    return RetryResult.model_validate({**row, "attempt_count": row["attempts"], "action": action})
+
+
+@router.post(
+    "/messages/{id}/discard", response_model=RetryResult, responses=problem_responses(404, 409)
+)
+async def discard_message(state: StateDep, admin: AdminDep, id: MessageIdPath) -> RetryResult:
+    """Set a message aside as discarded; its dedup row stays, so redeliveries stay duplicates."""
+    with store_errors():
+        row, changed = await store.discard_message(state.engine, id, admin.actor)
+    action = store.ADMIN_DISCARD if changed else "none"
+    if changed:
+        state.metrics.admin_actions.labels(action).inc()
+        log.info(
+            action,
+            extra={
+                "actor": admin.actor,
+                "id": id,
+                "source": row["source"],
+                "message_id": row["message_id"],
+            },
+        )
+    return RetryResult.model_validate({**row, "attempt_count": row["attempts"], "action": action})

@@ -1,0 +1,249 @@
+"""The admin API's request and response documents, each field described for /openapi.json."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+Status = Literal["pending", "processing", "processed", "retrying", "dead", "discarded"]
+
+MAX_ID = 2**63 - 1  # inbox ids are PostgreSQL bigints
+
+
+def _as_utc(value: datetime) -> datetime:
+    """An ISO 8601 time without an offset is read as UTC; every time is compared in UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("time is out of range") from None
+
+
+Timestamp = Annotated[datetime, AfterValidator(_as_utc)]
+# PostgreSQL text cannot hold NUL; refusing it here turns a driver error into a 422.
+Text = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\x00]*$")]
+SourceName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[a-z0-9_-]+$")]
+
+
+class MessageFilters(BaseModel):
+    """Filters shared by the listings and bulk retry; those given combine with AND."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: SourceName | None = Field(
+        default=None, description="Only messages of this source (the `{source}` they came to)."
+    )
+    event_type: Text | None = Field(
+        default=None, description="Only messages with exactly this event type."
+    )
+    message_id: Text | None = Field(
+        default=None, description="Only the message with this dedup key (the sender's id)."
+    )
+    received_after: Timestamp | None = Field(
+        default=None,
+        description="Only messages first received at or after this ISO 8601 time (no offset: UTC).",
+    )
+    received_before: Timestamp | None = Field(
+        default=None,
+        description="Only messages first received before this ISO 8601 time (no offset: UTC).",
+    )
+
+
+class PageQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=50, ge=1, le=500, description="Page size, 1 to 500.")
+    cursor: str | None = Field(
+        default=None,
+        max_length=200,
+        description="The `next_cursor` of the previous page, unchanged, with the same filters; "
+        "a cursor that was altered or belongs to other filters is refused with 400.",
+    )
+
+
+class DeadLetterQuery(MessageFilters, PageQuery):
+    """Query parameters of `GET /admin/dead-letters`."""
+
+
+class MessageQuery(MessageFilters, PageQuery):
+    """Query parameters of `GET /admin/messages`."""
+
+    status: list[Status] = Field(
+        default_factory=list,
+        description="Only messages in one of these statuses; repeat the parameter for several.",
+    )
+
+
+class MessageSummary(BaseModel):
+    """A message as the listings show it."""
+
+    id: int = Field(description="The inbox row id, used in the admin paths.")
+    source: str = Field(description="The source the message came to.")
+    message_id: str = Field(description="The sender's message id: the dedup key.")
+    event_type: str | None = Field(description="The event type, when the source names one.")
+    status: Status = Field(description="Where the message is in processing.")
+    attempt_count: int = Field(
+        description="Processing attempts used since the message was accepted or last retried."
+    )
+    receive_count: int = Field(description="Deliveries received: 1, plus one per duplicate.")
+    received_at: datetime = Field(description="When the first delivery was recorded.")
+    last_received_at: datetime = Field(description="When the latest delivery arrived.")
+    next_attempt_at: datetime = Field(description="When the worker may next try it.")
+    processed_at: datetime | None = Field(description="When its handlers committed, if they did.")
+    last_error: str | None = Field(description="The error of the latest failed attempt, if any.")
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> MessageSummary:
+        return cls.model_validate({**row, "attempt_count": row["attempts"]})
+
+
+class MessagePage(BaseModel):
+    items: list[MessageSummary] = Field(description="The page, newest first.")
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null on the last page."
+    )
+
+
+class Attempt(BaseModel):
+    """One entry of a message's history: a processing attempt, or an admin action."""
+
+    attempt: int = Field(
+        description="The attempt's number (1-based); for an admin action, the attempts the "
+        "message had used when it was taken."
+    )
+    started_at: datetime = Field(description="When the attempt (or action) started.")
+    finished_at: datetime | None = Field(description="When it finished; null while running.")
+    outcome: str = Field(
+        description="What happened: the worker's outcome, or `admin_retry`, `admin_replay` or "
+        "`admin_discard` for an admin action."
+    )
+    error_type: str | None = Field(description="The exception type of a failed attempt.")
+    error: str | None = Field(description="The error message of a failed attempt.")
+    traceback: str | None = Field(description="A bounded traceback of a failed attempt.")
+    duration_ms: float | None = Field(description="How long the attempt took.")
+    actor: str | None = Field(
+        description="Who took an admin action: the fingerprint of the admin token used "
+        "(`token:` and a SHA-256 prefix, never the token); null for the worker."
+    )
+
+
+class MessageDetail(MessageSummary):
+    """A message with its delivery and its whole history."""
+
+    content_type: str | None = Field(description="The delivery's content type.")
+    headers: dict[str, str] = Field(
+        description="The delivery's headers; credentials and signatures were redacted at ingest."
+    )
+    payload: Any = Field(
+        default=None,
+        description="The body parsed as JSON, when it is JSON; otherwise null and "
+        "`body_base64` holds the bytes.",
+    )
+    body_base64: str | None = Field(
+        default=None, description="The raw body in base64, when it is not JSON."
+    )
+    attempts: list[Attempt] = Field(description="Attempts and admin actions, oldest first.")
+
+
+class RetryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    force: bool = Field(
+        default=False,
+        description="Also replay a `processed` message (its handlers run again); without it "
+        "a processed message answers 409.",
+    )
+
+
+class RetryResult(MessageSummary):
+    """The message after the retry or discard."""
+
+    action: str = Field(
+        description="The action recorded in the history: `admin_retry`, `admin_replay`, "
+        "`admin_discard`, or `none` when the message was already discarded."
+    )
+
+
+class BulkRetryRequest(MessageFilters):
+    """The list filters, chosen messages to retry, and how."""
+
+    status: list[Status] = Field(
+        default_factory=list,
+        description="Statuses to retry; default `retrying` and `dead`. `discarded` must be "
+        "named to be retried, `processed` must be named and forced; others never match.",
+    )
+    force: bool = Field(
+        default=False, description="Allow replaying `processed` messages named in `status`."
+    )
+    dry_run: bool = Field(default=False, description="Only count the matching messages.")
+
+
+class BulkRetryResult(BaseModel):
+    matched: int = Field(description="Messages matching the filter in a status a retry may leave.")
+    retried: int = Field(
+        description="Messages moved to `pending` (0 for a dry run; fewer than `matched` when "
+        "some changed state or were being processed meanwhile)."
+    )
+
+
+class SourceStats(BaseModel):
+    source: str = Field(description="The source name (also sources no longer configured).")
+    counts: dict[str, int] = Field(description="Messages by status; statuses with none omitted.")
+    total: int = Field(description="All of the source's messages.")
+    oldest_pending_age_seconds: float | None = Field(
+        description="Age of its oldest unfinished (pending, retrying, processing) message."
+    )
+
+
+class Stats(BaseModel):
+    total: int = Field(description="All messages in the inbox.")
+    by_status: dict[str, int] = Field(description="Messages by status, every status listed.")
+    sources: list[SourceStats] = Field(description="Per source, by name.")
+    oldest_pending_age_seconds: float | None = Field(
+        description="Age in seconds of the oldest unfinished (pending, retrying or processing) "
+        "message; null when there is none."
+    )
+    attempts_last_hour: int = Field(description="Processing attempts started in the last hour.")
+    failures_last_hour: int = Field(
+        description="Of those, attempts that failed (the message was retried or dead-lettered)."
+    )
+    admin_actions_last_hour: int = Field(description="Admin retries, replays and discards.")
+
+
+class HandlerInfo(BaseModel):
+    target: str = Field(description="The handler, as `module:function`.")
+    event_types: list[str] = Field(description="Event type globs it runs for.")
+
+
+class ForwardInfo(BaseModel):
+    url: str = Field(description="Where messages are POSTed; a password in the URL is hidden.")
+    timeout_seconds: float = Field(description="Timeout of one forwarding request.")
+
+
+class SourceInfo(BaseModel):
+    """A configured source, without any secret."""
+
+    name: str = Field(description="The `{source}` of `POST /webhooks/{source}`.")
+    kind: str = Field(description="How deliveries are verified and identified.")
+    mode: Literal["async", "sync"] = Field(description="`async` (worker) or `sync` (in request).")
+    max_attempts: int = Field(description="Attempts before a message becomes dead.")
+    handlers: list[HandlerInfo] = Field(description="Python handlers run for each message.")
+    forward: ForwardInfo | None = Field(description="The HTTP destination, if any.")
+    redelivery_days: float = Field(
+        description="How long the kind's senders may redeliver: retention never prunes sooner."
+    )
+
+
+class SourceList(BaseModel):
+    sources: list[SourceInfo] = Field(description="By name.")
+
+
+class PruneResult(BaseModel):
+    deleted: int = Field(description="Rows deleted in all.")
+    by_status: dict[str, int] = Field(description="Deleted rows by the status they had.")
+    by_source: dict[str, int] = Field(
+        description="Deleted rows by source; `(unconfigured)` for sources no longer configured."
+    )

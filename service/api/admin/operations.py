@@ -1,0 +1,100 @@
+"""Admin routes over the whole inbox: statistics, the configured sources, pruning."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter
+
+from service.api.admin.models import (
+    ForwardInfo,
+    HandlerInfo,
+    PruneResult,
+    SourceInfo,
+    SourceList,
+    SourceStats,
+    Stats,
+)
+from service.core.state import StateDep
+from service.retention import prune
+from service.sources import Source
+from service.store import admin as store
+
+router = APIRouter(tags=["admin: operations"])
+
+
+@router.get("/stats", response_model=Stats)
+async def stats(state: StateDep) -> Stats:
+    """Count messages by source and status; show the backlog's age and last hour's attempts."""
+    groups = await store.status_counts(state.engine)
+    attempts, failures, admin_actions = await store.recent_attempts(state.engine)
+    by_status = dict.fromkeys(store.STATUSES, 0)
+    per_source: dict[str, SourceStats] = {}
+    for group in groups:
+        by_status[group.status] = by_status.get(group.status, 0) + group.count
+        entry = per_source.setdefault(
+            group.source,
+            SourceStats(source=group.source, counts={}, total=0, oldest_pending_age_seconds=None),
+        )
+        entry.counts[group.status] = group.count
+        entry.total += group.count
+        if group.status in store.UNFINISHED:
+            entry.oldest_pending_age_seconds = max(
+                entry.oldest_pending_age_seconds or 0.0, group.oldest_age_seconds
+            )
+    ages = [s.oldest_pending_age_seconds for s in per_source.values()]
+    known = [a for a in ages if a is not None]
+    return Stats(
+        total=sum(by_status.values()),
+        by_status=by_status,
+        sources=[per_source[name] for name in sorted(per_source)],
+        oldest_pending_age_seconds=max(known) if known else None,
+        attempts_last_hour=attempts,
+        failures_last_hour=failures,
+        admin_actions_last_hour=admin_actions,
+    )
+
+
+def without_password(url: str) -> str:
+    """`url` with any password in its user-info replaced, fit to show an operator."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
+
+
+def describe(source: Source) -> SourceInfo:
+    config = source.config
+    handlers = [HandlerInfo(target=t, event_types=["*"]) for t in config.handlers]
+    handlers += [
+        HandlerInfo(target=h.target, event_types=list(h.event_types)) for h in config.handler
+    ]
+    forward = None
+    if config.forward is not None:
+        forward = ForwardInfo(
+            url=without_password(config.forward.url),
+            timeout_seconds=config.forward.timeout_seconds,
+        )
+    return SourceInfo(
+        name=source.name,
+        kind=source.kind,
+        mode=config.mode,
+        max_attempts=config.max_attempts,
+        handlers=handlers,
+        forward=forward,
+        redelivery_days=source.redelivery_days,
+    )
+
+
+@router.get("/sources", response_model=SourceList)
+async def sources(state: StateDep) -> SourceList:
+    """List the configured sources: kind, mode, handlers, forward URL; never a secret."""
+    return SourceList(sources=[describe(s) for _, s in sorted(state.inbox.sources.items())])
+
+
+@router.post("/prune", response_model=PruneResult)
+async def prune_now(state: StateDep) -> PruneResult:
+    """Apply retention now and report what was deleted."""
+    report = await prune(state.engine, state.inbox, metrics=state.metrics)
+    return PruneResult(deleted=report.total, by_status=report.by_status, by_source=report.by_source)

@@ -1,0 +1,146 @@
+"""Prometheus metrics: one registry per app, so each test's app (and each process) counts alone."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Ingest answers in milliseconds; the top buckets catch a database that has started to stall.
+INGEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# The `source` label of a delivery to a name that is not configured: anyone can send those, and
+# a label per made-up name would grow the registry without bound.
+UNKNOWN_SOURCE = ""
+
+
+@dataclass(frozen=True)
+class InboxSnapshot:
+    """The inbox as the database saw it at one moment: counts and the oldest unfinished age."""
+
+    counts: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (source, status) -> n
+    oldest_pending_age_seconds: float | None = None
+
+
+class _InboxCollector(Collector):
+    """Exposes the last snapshot the `/metrics` route read from the database."""
+
+    def __init__(self) -> None:
+        self.snapshot: InboxSnapshot | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self.snapshot
+        if snapshot is None:
+            return []
+        messages = GaugeMetricFamily(
+            "webhook_inbox_messages",
+            "Messages in the inbox by source and status, read from the database at scrape time.",
+            labels=["source", "status"],
+        )
+        for (source, status), count in sorted(snapshot.counts.items()):
+            messages.add_metric([source, status], count)
+        oldest = GaugeMetricFamily(
+            "webhook_inbox_oldest_pending_age_seconds",
+            "Age of the oldest message not yet finished (pending, retrying or processing); "
+            "0 when there is none.",
+            value=snapshot.oldest_pending_age_seconds or 0.0,
+        )
+        return [messages, oldest]
+
+
+class Metrics:
+    """Every series the service exposes, registered in a registry of its own."""
+
+    def __init__(self, sources: Iterable[str] = ()) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.deliveries = Counter(
+            "webhook_inbox_deliveries",
+            "Messages and requests received, by source and outcome (accepted, duplicate, "
+            "processed, rejected, handshake, unavailable); `reason` says why one was rejected.",
+            ["source", "outcome", "reason"],
+            registry=self.registry,
+        )
+        self.ingest_duration = Histogram(
+            "webhook_inbox_ingest_duration_seconds",
+            "Time from receiving a delivery's request to answering it, by source.",
+            ["source"],
+            buckets=INGEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.attempts = Counter(
+            "webhook_inbox_attempts",
+            "Processing attempts finished by the worker, by source and outcome.",
+            ["source", "outcome"],
+            registry=self.registry,
+        )
+        self.handler_duration = Histogram(
+            "webhook_inbox_handler_duration_seconds",
+            "Time one processing attempt spent in the source's handlers or forwarding.",
+            ["source"],
+            buckets=HANDLER_BUCKETS,
+            registry=self.registry,
+        )
+        self.pruned_rows = Counter(
+            "webhook_inbox_pruned_rows",
+            "Inbox rows deleted by retention, by the status they had.",
+            ["status"],
+            registry=self.registry,
+        )
+        self.admin_actions = Counter(
+            "webhook_inbox_admin_actions",
+            "Admin state changes (retry, replay, discard), counted per message.",
+            ["action"],
+            registry=self.registry,
+        )
+        self._inbox = _InboxCollector()
+        self.registry.register(self._inbox)
+        # Series that exist from the start, at zero, so that rate() and alerts see them before
+        # the first event rather than appearing out of nowhere.
+        for source in sources:
+            self.ingest_duration.labels(source)
+            self.handler_duration.labels(source)
+        for status in ("processed", "discarded", "dead"):
+            self.pruned_rows.labels(status)
+        for action in ("admin_retry", "admin_replay", "admin_discard"):
+            self.admin_actions.labels(action)
+
+    def delivery(self, source: str, outcome: str, reason: str = "") -> None:
+        self.deliveries.labels(source, outcome, reason).inc()
+
+    def ingest_finished(self, source: str, started: float) -> None:
+        """Observe one ingest request that began at `time.perf_counter()` value `started`."""
+        self.ingest_duration.labels(source).observe(time.perf_counter() - started)
+
+    def attempt_finished(self, source: str, outcome: str, duration_seconds: float) -> None:
+        """For the worker: one attempt ended with `outcome` after `duration_seconds`."""
+        self.attempts.labels(source, outcome).inc()
+        self.handler_duration.labels(source).observe(duration_seconds)
+
+    def pruned(self, by_status: Mapping[str, int]) -> None:
+        for status, count in by_status.items():
+            if count:
+                self.pruned_rows.labels(status).inc(count)
+
+    def set_inbox_snapshot(self, snapshot: InboxSnapshot | None) -> None:
+        self._inbox.snapshot = snapshot
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,379 @@
+"""Admin reads and state changes over the inbox: listing, detail, retry, discard, statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.core.cursor import Position
+from service.store.errors import translate_errors
+from service.store.ingest import NOTIFY
+
+STATUSES = ("pending", "processing", "processed", "retrying", "dead", "discarded")
+# Statuses an admin retry moves back to `pending`; `processed` only when forced (a replay).
+RETRYABLE = frozenset({"retrying", "dead", "discarded"})
+# What a bulk retry picks when its filter names no status: the messages that failed. Discarded
+# ones were set aside on purpose and processed ones would be replays; both must be named.
+BULK_DEFAULT_STATUSES = ("retrying", "dead")
+# Messages still to be finished: their oldest age is the backlog an operator watches.
+UNFINISHED = ("pending", "retrying", "processing")
+# Worker attempt outcomes that are not failures; every other worker outcome counts as one.
+SUCCESS_OUTCOMES = ("processed", "succeeded", "success")
+
+ADMIN_RETRY = "admin_retry"
+ADMIN_REPLAY = "admin_replay"
+ADMIN_DISCARD = "admin_discard"
+
+BULK_BATCH_SIZE = 500
+
+SUMMARY_COLUMNS = """
+    id, source, message_id, event_type, status, attempts, receive_count, received_at,
+    last_received_at, next_attempt_at, processed_at, last_error
+"""
+
+
+class MessageNotFound(Exception):
+    """No inbox row has that id."""
+
+
+class InvalidTransition(Exception):
+    """The message's status does not allow the requested change; `detail` says why."""
+
+    def __init__(self, status: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class MessageFilter:
+    """The admin listings' filters; every one that is set must hold (they combine with AND)."""
+
+    source: str | None = None
+    statuses: Sequence[str] = ()
+    event_type: str | None = None
+    message_id: str | None = None
+    received_after: datetime | None = None  # inclusive
+    received_before: datetime | None = None  # exclusive
+
+    def where(self) -> tuple[list[str], dict[str, Any]]:
+        """SQL conditions (fixed text, values bound) and their parameters."""
+        clauses: list[str] = []
+        params: dict[str, Any] = {}
+        if self.source is not None:
+            clauses.append("source = :source")
+            params["source"] = self.source
+        if self.statuses:
+            clauses.append("status = ANY(:statuses)")
+            params["statuses"] = list(self.statuses)
+        if self.event_type is not None:
+            clauses.append("event_type = :event_type")
+            params["event_type"] = self.event_type
+        if self.message_id is not None:
+            clauses.append("message_id = :message_id")
+            params["message_id"] = self.message_id
+        if self.received_after is not None:
+            clauses.append("received_at >= :received_after")
+            params["received_after"] = self.received_after
+        if self.received_before is not None:
+            clauses.append("received_at < :received_before")
+            params["received_before"] = self.received_before
+        return clauses, params
+
+
+def _where_sql(clauses: Sequence[str]) -> str:
+    return " AND ".join(clauses) if clauses else "TRUE"
+
+
+async def list_messages(
+    engine: AsyncEngine, filters: MessageFilter, limit: int, after: Position | None
+) -> tuple[list[dict[str, Any]], Position | None]:
+    """One page, newest first, and the position to continue after (None on the last page).
+
+    Keyset paging on `(received_at, id)`: a page starts strictly after the previous page's
+    last row, so rows arriving meanwhile (always newer) never shift or repeat later pages.
+    """
+    clauses, params = filters.where()
+    if after is not None:
+        clauses.append("(received_at, id) < (:after_received_at, :after_id)")
+        params.update(after_received_at=after.received_at, after_id=after.id)
+    params["limit"] = limit + 1  # one more than asked tells whether another page exists
+    query = text(
+        f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {_where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
+        "ORDER BY received_at DESC, id DESC LIMIT :limit"
+    )
+    async with translate_errors(), engine.connect() as conn:
+        rows = [dict(r._mapping) for r in await conn.execute(query, params)]
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    last = rows[-1]
+    return rows, Position(last["received_at"], last["id"])
+
+
+GET_MESSAGE = text(
+    f"SELECT {SUMMARY_COLUMNS}, headers, body, content_type FROM inbox_messages WHERE id = :id"  # noqa: S608
+)
+GET_ATTEMPTS = text(
+    """
+    SELECT attempt, started_at, finished_at, outcome, error_type, error, traceback,
+           duration_ms, actor
+      FROM inbox_attempts WHERE message_id = :id ORDER BY id
+    """
+)
+
+
+async def get_message(engine: AsyncEngine, message_id: int) -> dict[str, Any]:
+    """The whole row (headers, body) with its attempt history, oldest attempt first."""
+    async with translate_errors(), engine.connect() as conn:
+        row = (await conn.execute(GET_MESSAGE, {"id": message_id})).one_or_none()
+        if row is None:
+            raise MessageNotFound(message_id)
+        attempts = [dict(a._mapping) for a in await conn.execute(GET_ATTEMPTS, {"id": message_id})]
+    message = dict(row._mapping)
+    message["attempt_history"] = attempts
+    return message
+
+
+LOCK_MESSAGE = text("SELECT status, attempts, source FROM inbox_messages WHERE id = :id FOR UPDATE")
+
+# A fresh attempt budget: the worker claims `pending` rows whose next_attempt_at has come.
+# last_error stays as the record of why the message had failed; the history keeps the rest.
+RESET_TO_PENDING = text(
+    f"""
+    UPDATE inbox_messages
+       SET status = 'pending', attempts = 0, next_attempt_at = now(), locked_until = NULL,
+           processed_at = NULL
+     WHERE id = :id
+    RETURNING {SUMMARY_COLUMNS}
+    """  # noqa: S608
+)
+
+SET_DISCARDED = text(
+    f"""
+    UPDATE inbox_messages SET status = 'discarded', locked_until = NULL
+     WHERE id = :id
+    RETURNING {SUMMARY_COLUMNS}
+    """  # noqa: S608
+)
+
+# An admin action in the attempt history: `attempt` is how many attempts the message had used.
+RECORD_ACTION = text(
+    """
+    INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome, actor)
+    VALUES (:id, :attempt, now(), now(), :outcome, :actor)
+    """
+)
+
+
+async def _lock(conn: AsyncConnection, message_id: int) -> tuple[str, int, str]:
+    row = (await conn.execute(LOCK_MESSAGE, {"id": message_id})).one_or_none()
+    if row is None:
+        raise MessageNotFound(message_id)
+    return str(row.status), int(row.attempts), str(row.source)
+
+
+async def retry_message(
+    engine: AsyncEngine, message_id: int, actor: str, force: bool
+) -> tuple[dict[str, Any], str]:
+    """Move one message back to `pending`; return the new row and the action recorded."""
+    async with translate_errors(), engine.begin() as conn:
+        status, attempts, source = await _lock(conn, message_id)
+        if status == "processed" and not force:
+            raise InvalidTransition(
+                status,
+                f"message {message_id} is processed; retrying replays its handlers, "
+                'so send {"force": true} to do that',
+            )
+        if status not in RETRYABLE and status != "processed":
+            raise InvalidTransition(
+                status,
+                f"message {message_id} is {status}; only retrying, dead, discarded or "
+                "(forced) processed messages can be retried",
+            )
+        action = ADMIN_REPLAY if status == "processed" else ADMIN_RETRY
+        row = (await conn.execute(RESET_TO_PENDING, {"id": message_id})).one()
+        await conn.execute(
+            RECORD_ACTION,
+            {"id": message_id, "attempt": attempts, "outcome": action, "actor": actor},
+        )
+        await conn.execute(NOTIFY, {"source": source})
+    return dict(row._mapping), action
+
+
+async def discard_message(
+    engine: AsyncEngine, message_id: int, actor: str
+) -> tuple[dict[str, Any], bool]:
+    """Set a message aside as `discarded`; the row (the dedup key) stays. Returns (row, changed)."""
+    async with translate_errors(), engine.begin() as conn:
+        status, attempts, _ = await _lock(conn, message_id)
+        if status == "discarded":
+            row = (await conn.execute(GET_MESSAGE, {"id": message_id})).one()
+            return dict(row._mapping), False
+        if status in ("processed", "processing"):
+            raise InvalidTransition(
+                status,
+                f"message {message_id} is {status}; only pending, retrying or dead messages "
+                "can be discarded",
+            )
+        row = (await conn.execute(SET_DISCARDED, {"id": message_id})).one()
+        await conn.execute(
+            RECORD_ACTION,
+            {"id": message_id, "attempt": attempts, "outcome": ADMIN_DISCARD, "actor": actor},
+        )
+    return dict(row._mapping), True
+
+
+@dataclass
+class BulkRetryResult:
+    matched: int = 0
+    retried: int = 0
+    by_action: dict[str, int] = field(default_factory=dict)
+
+
+def bulk_statuses(filters: MessageFilter, force: bool) -> list[str]:
+    """The statuses a bulk retry touches: those asked for that a retry may leave."""
+    allowed = RETRYABLE | ({"processed"} if force else set())
+    asked = filters.statuses or BULK_DEFAULT_STATUSES
+    return [s for s in STATUSES if s in asked and s in allowed]
+
+
+async def bulk_retry(
+    engine: AsyncEngine,
+    filters: MessageFilter,
+    actor: str,
+    *,
+    force: bool,
+    dry_run: bool,
+    batch_size: int = BULK_BATCH_SIZE,
+) -> BulkRetryResult:
+    """Retry every message matching `filters`, one short transaction per batch of ids."""
+    statuses = bulk_statuses(filters, force)
+    result = BulkRetryResult()
+    if not statuses:
+        return result
+    clauses, params = filters.where()
+    clauses = [c for c in clauses if not c.startswith("status")]
+    clauses.append("status = ANY(:statuses)")
+    params["statuses"] = statuses
+    where = _where_sql(clauses)
+    async with translate_errors():
+        async with engine.connect() as conn:
+            count_sql = text(f"SELECT count(*), max(id) FROM inbox_messages WHERE {where}")  # noqa: S608
+            counted = (await conn.execute(count_sql, params)).one()
+        result.matched, last_id = int(counted[0]), counted[1]
+        if dry_run or last_id is None:
+            return result
+        # Walking ids upwards to the highest one matched now bounds the work: a replayed message
+        # that the worker finishes again meanwhile is not picked a second time.
+        batch_sql = text(
+            f"""
+            WITH picked AS (
+                SELECT id, status AS old_status, attempts AS old_attempts, source
+                  FROM inbox_messages
+                 WHERE {where} AND id > :after AND id <= :last_id
+                 ORDER BY id
+                 LIMIT :batch
+                 -- A row a worker holds is skipped rather than waited for; it is not failed.
+                   FOR UPDATE SKIP LOCKED
+            ),
+            moved AS (
+                UPDATE inbox_messages m
+                   SET status = 'pending', attempts = 0, next_attempt_at = now(),
+                       locked_until = NULL, processed_at = NULL
+                  FROM picked
+                 WHERE m.id = picked.id
+                RETURNING m.id
+            ),
+            recorded AS (
+                INSERT INTO inbox_attempts
+                       (message_id, attempt, started_at, finished_at, outcome, actor)
+                SELECT id, old_attempts, now(), now(),
+                       CASE WHEN old_status = 'processed' THEN '{ADMIN_REPLAY}'
+                            ELSE '{ADMIN_RETRY}' END,
+                       :actor
+                  FROM picked
+            )
+            SELECT max(picked.id) AS last, count(*) AS n,
+                   count(*) FILTER (WHERE old_status = 'processed') AS replays,
+                   array_agg(DISTINCT source) AS sources
+              FROM picked
+            """  # noqa: S608 - fixed clauses, bound values
+        )
+        after = 0
+        while True:
+            async with engine.begin() as conn:
+                batch = (
+                    await conn.execute(
+                        batch_sql,
+                        {
+                            **params,
+                            "after": after,
+                            "last_id": last_id,
+                            "batch": batch_size,
+                            "actor": actor,
+                        },
+                    )
+                ).one()
+                if not batch.n:
+                    break
+                for source in batch.sources:
+                    await conn.execute(NOTIFY, {"source": source})
+            result.retried += int(batch.n)
+            result.by_action[ADMIN_REPLAY] = result.by_action.get(ADMIN_REPLAY, 0) + batch.replays
+            result.by_action[ADMIN_RETRY] = (
+                result.by_action.get(ADMIN_RETRY, 0) + int(batch.n) - batch.replays
+            )
+            after = int(batch.last)
+            if batch.n < batch_size:
+                break
+    return result
+
+
+STATUS_COUNTS = text(
+    """
+    SELECT source, status, count(*) AS n,
+           extract(epoch FROM now() - min(received_at)) AS oldest_age
+      FROM inbox_messages
+     GROUP BY source, status
+    """
+)
+
+RECENT_ATTEMPTS = text(
+    """
+    SELECT count(*) FILTER (WHERE actor IS NULL) AS attempts,
+           count(*) FILTER (WHERE actor IS NULL AND outcome <> ALL(:success)) AS failures,
+           count(*) FILTER (WHERE actor IS NOT NULL) AS admin_actions
+      FROM inbox_attempts
+     WHERE started_at >= now() - interval '1 hour'
+    """
+)
+
+
+@dataclass(frozen=True)
+class StatusCount:
+    source: str
+    status: str
+    count: int
+    oldest_age_seconds: float
+
+
+async def status_counts(engine: AsyncEngine) -> list[StatusCount]:
+    """Rows per (source, status), with the age of each group's oldest row."""
+    async with translate_errors(), engine.connect() as conn:
+        rows = await conn.execute(STATUS_COUNTS)
+        return [
+            StatusCount(r.source, r.status, int(r.n), max(float(r.oldest_age), 0.0)) for r in rows
+        ]
+
+
+async def recent_attempts(engine: AsyncEngine) -> tuple[int, int, int]:
+    """Worker attempts, worker failures and admin actions started in the last hour."""
+    async with translate_errors(), engine.connect() as conn:
+        row = (await conn.execute(RECENT_ATTEMPTS, {"success": list(SUCCESS_OUTCOMES)})).one()
+    return int(row.attempts), int(row.failures), int(row.admin_actions)

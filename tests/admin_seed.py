@@ -1,0 +1,92 @@
+"""Arranging inbox rows directly in SQL, for admin and retention tests."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+TOKEN = "admin-token-for-tests-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+CONFIG: dict[str, Any] = {
+    "sources": {
+        "hooks": {"kind": "generic", "id_header": "X-Message-Id", "event_type_header": "X-Type"},
+        "other": {"kind": "generic", "id_header": "X-Message-Id"},
+    }
+}
+
+
+async def seed(
+    db: asyncpg.Connection,
+    message_id: str,
+    *,
+    source: str = "hooks",
+    status: str = "pending",
+    event_type: str | None = None,
+    age: timedelta = timedelta(0),
+    received_at: datetime | None = None,
+    last_received_age: timedelta | None = None,
+    attempts: int = 0,
+    body: bytes = b'{"hello": "world"}',
+    content_type: str | None = "application/json",
+    headers: dict[str, str] | None = None,
+    last_error: str | None = None,
+) -> int:
+    """Insert one message row and return its id."""
+    row_id = await db.fetchval(
+        """
+        INSERT INTO inbox_messages (source, message_id, event_type, status, attempts,
+                                    received_at, last_received_at, body, content_type,
+                                    headers, last_error, processed_at)
+        VALUES ($1, $2, $3, $4, $5,
+                coalesce($6, now() - $7::interval), now() - coalesce($8, $7)::interval,
+                $9, $10, $11::jsonb, $12, CASE WHEN $4 = 'processed' THEN now() END)
+        RETURNING id
+        """,
+        source,
+        message_id,
+        event_type,
+        status,
+        attempts,
+        received_at,
+        age,
+        last_received_age,
+        body,
+        content_type,
+        json.dumps(headers or {"content-type": "application/json"}),
+        last_error,
+    )
+    return int(row_id)
+
+
+async def seed_attempt(
+    db: asyncpg.Connection,
+    message: int,
+    attempt: int,
+    outcome: str,
+    *,
+    error: str | None = None,
+    age: timedelta = timedelta(0),
+    actor: str | None = None,
+) -> None:
+    await db.execute(
+        """
+        INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
+                                    error_type, error, duration_ms, actor)
+        VALUES ($1, $2, now() - $3::interval, now() - $3::interval, $4,
+                CASE WHEN $5::text IS NULL THEN NULL ELSE 'RuntimeError' END, $5, 12.5, $6)
+        """,
+        message,
+        attempt,
+        age,
+        outcome,
+        error,
+        actor,
+    )
+
+
+async def status_of(db: asyncpg.Connection, message: int) -> str:
+    return str(await db.fetchval("SELECT status FROM inbox_messages WHERE id = $1", message))
