@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from service.core.problems import problem, problem_responses, unavailable
 from service.core.state import StateDep
+from service.processing.sync import HandlerFailed, SyncProcessor
 from service.sources.base import Handshake, RawDelivery, Rejected, Source
 from service.store.errors import StoreUnavailable
 from service.store.ingest import record_messages
@@ -132,6 +133,10 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
         log_delivery(source, None, "handshake", started)
         return handshake_response(verdict)
 
+    pipeline = state.pipelines.get(source)
+    sync = (
+        SyncProcessor(pipeline) if pipeline is not None and pipeline.config.mode == "sync" else None
+    )
     try:
         results = await record_messages(
             state.engine,
@@ -140,10 +145,24 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
             stored_headers(configured, request),
             body,
             delivery.content_type or None,
+            process=sync,
         )
     except StoreUnavailable:
         log_delivery(source, None, "unavailable", started)
         return unavailable()
+    except HandlerFailed as exc:
+        log.error(
+            "sync handler failed",
+            exc_info=exc.__cause__,
+            extra={"source": source, "message_id": exc.message_id},
+        )
+        log_delivery(source, exc.message_id, "handler_failed", started)
+        retry = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
+        return problem(
+            500,
+            "a handler failed; nothing was recorded, so a redelivery runs it again",
+            headers=retry,
+        )
     for result in results:
         log_delivery(source, result.message_id, result.outcome, started)
     status, payload = configured.respond(results, verdict.batch)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -10,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.config import Settings
 from service.inbox_config import InboxConfig
+from service.processing.pipeline import Pipeline
 
 
 @dataclass
@@ -18,6 +20,7 @@ class AppState:
     inbox: InboxConfig
     engine: AsyncEngine
     head_revision: str | None
+    pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
 
 
 def get_state(request: Request) -> AppState:
