@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession as SQLAlchemyAsyncSession
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 
@@ -52,6 +53,11 @@ class HandlerSession(AsyncSession):
 
     _handler_running: bool = False
     _commit_refused: bool = False
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        # SQLModel marks `execute` deprecated in favour of `exec`; SPEC §5 offers both, and a
+        # handler's `execute(text(...))` should not warn on every message.
+        return await SQLAlchemyAsyncSession.execute(self, *args, **kwargs)
 
     async def commit(self) -> None:
         if self._handler_running:
