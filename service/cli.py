@@ -108,9 +108,12 @@ def load(
         return settings, InboxConfig(), {}
     try:
         inbox = load_inbox_config(Path(settings.config))
-        pipelines = resolve_pipelines(inbox)
     except ConfigError as exc:
         raise SystemExit(f"config error: {exc}") from None
+    try:
+        pipelines = resolve_pipelines(inbox)
+    except ConfigError as exc:
+        raise SystemExit(f"config error: {settings.config}: {exc}") from None
     return settings, inbox, pipelines
 
 
