@@ -19,8 +19,9 @@ async def run_worker(
 ) -> None:
     """Run a worker on `url` until `stop` is set (raises `WorkerCrashed` if a part of it dies)."""
     options = WorkerOptions.from_settings(settings)
-    # Its own pool, so that HTTP ingest in the same process never waits behind batches.
-    engine = create_engine(url, settings, pool_size=options.concurrency + 1)
+    # Its own pool, so that HTTP ingest in the same process never waits behind batches. No
+    # pre-ping: it costs a round trip per batch, and a batch on a dead connection is retried.
+    engine = create_engine(url, settings, pool_size=options.concurrency + 1, pool_pre_ping=False)
     try:
         await Worker(engine, url, pipelines, options).run(stop)
     finally:
