@@ -101,3 +101,10 @@ async def record_slowly(message: InboxMessage, ctx: HandlerContext) -> None:
 
 def not_async(message: InboxMessage, ctx: HandlerContext) -> None:
     """Configured only to check that start-up refuses it."""
+
+
+async def sql_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
+    """A database error inside the handler: only this message's savepoint may be lost."""
+    await record(message, ctx)
+    if message.message_id.startswith("bad"):
+        await ctx.session.execute(text("SELECT * FROM no_such_table"))

@@ -124,7 +124,7 @@ async def test_retry_later_waits_as_asked(client_for: AppFactory, db: asyncpg.Co
     assert first["outcome"] == "retry_later"
     assert second["outcome"] == "processed"
     waited = (second["started_at"] - first["finished_at"]).total_seconds()
-    assert 1.0 <= waited < 2.0
+    assert 1.0 <= waited < 3.0
     assert [e["attempt"] for e in await db.fetch("SELECT attempt FROM effects")] == [2]
 
 
@@ -201,3 +201,25 @@ async def test_messages_of_other_sources_are_left_alone(
             db, "SELECT status FROM inbox_messages WHERE source = 'hooks'", "processed"
         )
     assert await status_of(db, "x") == "pending"
+
+
+async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    # Recorded before any worker runs, so that all of them land in one claimed batch.
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) "
+        "VALUES ('hooks', 'good1', ''), ('hooks', 'bad', ''), ('hooks', 'good2', '')"
+    )
+    cfg = config("tests.handlers:sql_error_on_bad", max_attempts=1)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(
+            db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 3
+        )
+    assert await status_of(db, "bad") == "dead"
+    effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
+    assert [e["message_id"] for e in effects] == ["good1", "good2"]
+    (failed,) = await attempts_of(db, "bad")
+    assert "no_such_table" in failed["error"]
+    assert await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts") == 1
