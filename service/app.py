@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,8 +24,15 @@ from service.core.request_id import RequestIdMiddleware
 from service.core.security import ensure_admin_tokens
 from service.core.state import AppState
 from service.inbox_config import InboxConfig, load_inbox_config
+from service.processing.pipeline import resolve_pipelines
 from service.store.errors import StoreUnavailable
 from service.store.group_commit import GroupCommitter
+from service.worker import run_worker
+
+log = logging.getLogger("service.app")
+
+# Set by `webhook-inbox serve` for the server processes uvicorn starts with --workers N.
+RUN_WORKER_ENV = "INBOX_SERVE_WORKER"
 
 DESCRIPTION = """
 webhook-inbox receives webhooks and push deliveries, records each message id in PostgreSQL
@@ -31,17 +42,30 @@ Errors are RFC 9457 `application/problem+json` documents.
 """
 
 
-def create_app(settings: Settings | None = None, inbox: InboxConfig | None = None) -> FastAPI:
-    """Build the app; the database engine is created when it starts, not at import."""
+def create_app(
+    settings: Settings | None = None,
+    inbox: InboxConfig | None = None,
+    *,
+    run_worker_in_process: bool = False,
+    exit_on_worker_crash: bool = False,
+) -> FastAPI:
+    """Build the app; the database engine is created when it starts, not at import.
+
+    Handler modules are imported here, so a bad `module:function` fails before serving.
+    With `run_worker_in_process`, the lifespan also runs the worker (`serve` without
+    `--no-worker`); `exit_on_worker_crash` then stops the server if the worker dies.
+    """
     settings = settings or Settings()
     inbox = inbox if inbox is not None else load_inbox_config(Path(settings.config))
     # Per app, not per module: each test's app (and each server process) counts on its own.
     app_metrics = Metrics(sources=inbox.sources)
+    pipelines = resolve_pipelines(inbox)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokens, _ = ensure_admin_tokens(settings)
-        engine = create_engine(database_url(settings), settings)
+        url = database_url(settings)
+        engine = create_engine(url, settings)
         committer = GroupCommitter(
             engine,
             flushers=settings.ingest_flushers,
@@ -57,11 +81,20 @@ def create_app(settings: Settings | None = None, inbox: InboxConfig | None = Non
             metrics=app_metrics,
             admin_tokens=tokens,
             cursor_key=cursor_key(tokens),
+            pipelines=pipelines,
         )
         committer.start()
+        stop = asyncio.Event()
+        worker: asyncio.Task[None] | None = None
+        if run_worker_in_process:
+            worker = asyncio.create_task(run_worker(settings, url, pipelines, stop), name="worker")
+            worker.add_done_callback(lambda task: on_worker_done(task, stop, exit_on_worker_crash))
         try:
             yield
         finally:
+            stop.set()
+            if worker is not None:
+                await asyncio.gather(worker, return_exceptions=True)
             await committer.close()
             await engine.dispose()
 
@@ -85,6 +118,16 @@ def create_app(settings: Settings | None = None, inbox: InboxConfig | None = Non
     return app
 
 
+def on_worker_done(task: asyncio.Task[None], stop: asyncio.Event, exit_process: bool) -> None:
+    if stop.is_set() or task.cancelled() or task.exception() is None:
+        return
+    log.critical("worker crashed", exc_info=task.exception())
+    if exit_process:
+        # Stop serving too, so the process supervisor restarts the whole thing.
+        signal.raise_signal(signal.SIGTERM)
+
+
 def create_app_from_env() -> FastAPI:
     """Factory for `uvicorn --factory`, as each server process of `serve --workers N` calls it."""
-    return create_app()
+    run = os.environ.get(RUN_WORKER_ENV, "0") == "1"
+    return create_app(run_worker_in_process=run, exit_on_worker_crash=run)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from service.core.logging import configure_logging
 from service.core.migrations import upgrade
 from service.core.security import ensure_admin_tokens
 from service.inbox_config import InboxConfig, load_inbox_config
+from service.processing.pipeline import Pipeline, resolve_pipelines
 from service.retention import PruneReport, prune
 
 log = logging.getLogger("service.cli")
@@ -28,6 +30,22 @@ Environment: DATABASE_URL (unset: an embedded PostgreSQL under INBOX_DATA_DIR), 
 (default inbox.toml), INBOX_DATA_DIR (default .inbox), INBOX_ADMIN_TOKENS (comma-separated),
 INBOX_HOST, INBOX_PORT, INBOX_MAX_BODY_BYTES, INBOX_LOG_LEVEL, INBOX_LOG_FORMAT (json|text).
 """
+
+WORKER_DESCRIPTION = """
+Run the worker alone: claim accepted messages (woken by LISTEN/NOTIFY, polling as a fallback),
+run their handlers or forward them, retry failures with backoff, dead-letter the rest. Any number
+of workers (and `serve` processes) may run against one database; a message's handlers never run
+twice at once. SIGTERM or SIGINT stops claiming and lets in-flight batches finish within the
+grace period.
+"""
+
+WORKER_EPILOG = (
+    EPILOG
+    + """Worker settings: INBOX_WORKER_CONCURRENCY (default 4), INBOX_WORKER_BATCH_SIZE (100),
+INBOX_WORKER_POLL_SECONDS (2), INBOX_WORKER_GRACE_SECONDS (30),
+INBOX_WORKER_LEASE_MARGIN_SECONDS (30); the options below override them.
+"""
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
 
+    worker = commands.add_parser(
+        "worker",
+        help="run the worker alone (no HTTP)",
+        description=WORKER_DESCRIPTION,
+        epilog=WORKER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    worker.add_argument("--concurrency", type=int, help="claim loops run at once")
+    worker.add_argument("--batch-size", type=int, help="messages claimed per transaction")
+    worker.add_argument("--poll-seconds", type=float, help="polling fallback period")
+    worker.add_argument(
+        "--grace-seconds", type=float, help="how long in-flight batches may finish at shutdown"
+    )
+
     commands.add_parser(
         "migrate",
         help="apply database migrations and exit",
@@ -71,20 +103,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load(settings_only: bool = False) -> tuple[Settings, InboxConfig]:
-    """Settings and sources, or exit 2 with one line naming what is wrong."""
+def load(
+    settings_only: bool = False, **overrides: Any
+) -> tuple[Settings, InboxConfig, dict[str, Pipeline]]:
+    """Settings, sources and their imported handlers, or exit 2 with one line naming the fault."""
     try:
-        settings = Settings()
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         raise SystemExit(f"config error: {format_validation_error('env', exc)}") from None
     configure_logging(settings.log_level, settings.log_format)
     if settings_only:
-        return settings, InboxConfig()
+        return settings, InboxConfig(), {}
     try:
         inbox = load_inbox_config(Path(settings.config))
     except ConfigError as exc:
         raise SystemExit(f"config error: {exc}") from None
-    return settings, inbox
+    try:
+        pipelines = resolve_pipelines(inbox)
+    except ConfigError as exc:
+        raise SystemExit(f"config error: {settings.config}: {exc}") from None
+    return settings, inbox, pipelines
 
 
 async def migrate(url: str, settings: Settings) -> None:
@@ -137,9 +175,9 @@ def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from service.app import create_app
+    from service.app import RUN_WORKER_ENV, create_app
 
-    settings, inbox = load()
+    settings, inbox, _ = load()
     url = database_url(settings)
     log.info("database", extra={"url": describe_url(url)})
     # Server processes started by uvicorn read their settings from the environment.
@@ -162,25 +200,58 @@ def serve(args: argparse.Namespace) -> None:
         "h11_max_incomplete_event_size": 64 * 1024,
         "timeout_graceful_shutdown": 30,
     }
+    run_worker = not args.no_worker
     if args.workers > 1:
+        os.environ[RUN_WORKER_ENV] = "1" if run_worker else "0"
         uvicorn.run(
             "service.app:create_app_from_env", factory=True, workers=args.workers, **options
         )
     else:
-        uvicorn.run(create_app(settings, inbox), **options)
+        app = create_app(
+            settings, inbox, run_worker_in_process=run_worker, exit_on_worker_crash=True
+        )
+        uvicorn.run(app, **options)
+
+
+def worker(args: argparse.Namespace) -> None:
+    from service.worker import WorkerCrashed, run_worker
+
+    settings, _, pipelines = load(
+        worker_concurrency=args.concurrency,
+        worker_batch_size=args.batch_size,
+        worker_poll_seconds=args.poll_seconds,
+        worker_grace_seconds=args.grace_seconds,
+    )
+    url = database_url(settings)
+    log.info("database", extra={"url": describe_url(url)})
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await run_worker(settings, url, pipelines, stop)
+
+    try:
+        asyncio.run(run())
+    except WorkerCrashed as exc:
+        log.critical("worker crashed", extra={"error": str(exc)})
+        sys.exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         serve(args)
+    elif args.command == "worker":
+        worker(args)
     elif args.command == "migrate":
-        settings, _ = load(settings_only=True)
+        settings, _, _ = load(settings_only=True)
         url = database_url(settings)
         asyncio.run(migrate(url, settings))
         print(f"migrated {describe_url(url)} to head")
     elif args.command == "prune":
-        settings, inbox = load()
+        settings, inbox, _ = load()
         url = database_url(settings)
         print(describe_prune(asyncio.run(prune_once(url, settings, inbox))))
     else:  # pragma: no cover - argparse refuses unknown commands

@@ -72,12 +72,19 @@ async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 def client_for(database_url: str, data_dir: Path) -> AppFactory:
-    """`async with client_for(config_dict, **settings) as client:` an app on the test database."""
+    """`async with client_for(config_dict, **settings) as client:` an app on the test database.
 
-    def factory(config: dict[str, Any], **settings: Any) -> AbstractAsyncContextManager[Any]:
+    `run_worker=True` also runs the worker in the app's lifespan, as `serve` does.
+    """
+
+    def factory(
+        config: dict[str, Any], run_worker: bool = False, **settings: Any
+    ) -> AbstractAsyncContextManager[Any]:
         options: dict[str, Any] = {"database_url": database_url, "data_dir": data_dir}
         options.update(settings)
-        app = create_app(Settings(**options), parse_inbox_config(config))
+        app = create_app(
+            Settings(**options), parse_inbox_config(config), run_worker_in_process=run_worker
+        )
         return running(app)
 
     return factory

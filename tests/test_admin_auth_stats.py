@@ -166,8 +166,8 @@ async def test_sources_describe_config_without_secrets(
                 "hmac": {"header": "X-Sig"},
                 "mode": "sync",
                 "max_attempts": 4,
-                "handlers": ["myapp.hooks:on_any"],
-                "handler": [{"target": "myapp.hooks:on_order", "event_types": ["order.*"]}],
+                "handlers": ["tests.handlers:record"],
+                "handler": [{"target": "tests.handlers:record_slowly", "event_types": ["order.*"]}],
                 "forward": {"url": "https://user:hunter2pass@billing.internal/in"},
             },
             "plain": {"kind": "generic", "id_header": "X-Id"},
@@ -185,8 +185,8 @@ async def test_sources_describe_config_without_secrets(
     assert signed["mode"] == "sync"
     assert signed["max_attempts"] == 4
     assert signed["handlers"] == [
-        {"target": "myapp.hooks:on_any", "event_types": ["*"]},
-        {"target": "myapp.hooks:on_order", "event_types": ["order.*"]},
+        {"target": "tests.handlers:record", "event_types": ["*"]},
+        {"target": "tests.handlers:record_slowly", "event_types": ["order.*"]},
     ]
     assert signed["forward"] == {
         "url": "https://user:***@billing.internal/in",

@@ -15,8 +15,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from service.core.metrics import UNKNOWN_SOURCE, Metrics
 from service.core.problems import problem, problem_responses, unavailable
 from service.core.state import AppState, StateDep
+from service.processing.sync import HandlerFailed, SyncProcessor
 from service.sources.base import Handshake, RawDelivery, Rejected, Source
 from service.store.errors import StoreOverloaded, StoreUnavailable
+from service.store.ingest import record_messages
 
 log = logging.getLogger("service.ingest")
 
@@ -160,20 +162,45 @@ async def handle_delivery(
         log_delivery(metrics, source, None, "handshake", started)
         return handshake_response(verdict)
 
+    pipeline = state.pipelines.get(source)
+    headers = stored_headers(configured, request)
+    content_type = delivery.content_type or None
     try:
-        results = await state.committer.record(
-            source,
-            verdict.items,
-            stored_headers(configured, request),
-            body,
-            delivery.content_type or None,
-        )
+        if pipeline is not None and pipeline.config.mode == "sync":
+            # Sync mode runs the handlers inside this request's own transaction, so it cannot
+            # share a group commit with other requests.
+            results = await record_messages(
+                state.engine,
+                source,
+                verdict.items,
+                headers,
+                body,
+                content_type,
+                process=SyncProcessor(pipeline),
+            )
+        else:
+            results = await state.committer.record(
+                source, verdict.items, headers, body, content_type
+            )
     except StoreOverloaded:
         log_delivery(metrics, source, None, "unavailable:overloaded", started)
         return unavailable("too many deliveries are waiting for the database; nothing was recorded")
     except StoreUnavailable:
         log_delivery(metrics, source, None, "unavailable", started)
         return unavailable()
+    except HandlerFailed as exc:
+        log.error(
+            "sync handler failed",
+            exc_info=exc.__cause__,
+            extra={"source": source, "message_id": exc.message_id},
+        )
+        log_delivery(metrics, source, exc.message_id, "failed:handler", started)
+        retry = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
+        return problem(
+            500,
+            "a handler failed; nothing was recorded, so a redelivery runs it again",
+            headers=retry,
+        )
     for result in results:
         log_delivery(metrics, source, result.message_id, result.outcome, started)
     status, payload = configured.respond(results, verdict.batch)

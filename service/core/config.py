@@ -128,6 +128,14 @@ class Settings(BaseSettings):
     # and a server process takes at most this many concurrent connections (else 503).
     body_timeout_seconds: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=1000, ge=1)
+    # The worker (SPEC §5): concurrent claim loops, messages per claim, polling fallback period,
+    # how long in-flight batches may run on at shutdown, and how long a forward's lease outlives
+    # its HTTP timeout.
+    worker_concurrency: int = Field(default=4, ge=1, le=256)
+    worker_batch_size: int = Field(default=100, ge=1, le=10_000)
+    worker_poll_seconds: float = Field(default=2.0, gt=0, le=3600)
+    worker_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
+    worker_lease_margin_seconds: float = Field(default=30.0, ge=0, le=3600)
 
     @field_validator("admin_tokens", mode="before")
     @classmethod

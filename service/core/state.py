@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -11,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.core.config import Settings
 from service.core.metrics import Metrics
 from service.inbox_config import InboxConfig
+from service.processing.pipeline import Pipeline
 from service.store.group_commit import GroupCommitter
 
 
@@ -26,6 +28,7 @@ class AppState:
     admin_tokens: list[str] = field(default_factory=list, repr=False)
     # Signs the admin listings' cursors; see `service.core.cursor.cursor_key`.
     cursor_key: bytes = field(default=b"", repr=False)
+    pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
 
 
 def get_state(request: Request) -> AppState:

@@ -23,7 +23,7 @@ BULK_DEFAULT_STATUSES = ("retrying", "dead")
 # Messages still to be finished: their oldest age is the backlog an operator watches.
 UNFINISHED = ("pending", "retrying", "processing")
 # Worker attempt outcomes that are not failures; every other worker outcome counts as one.
-SUCCESS_OUTCOMES = ("processed", "succeeded", "success")
+SUCCESS_OUTCOMES = ("processed", "skipped")
 
 ADMIN_RETRY = "admin_retry"
 ADMIN_REPLAY = "admin_replay"

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import LargeBinary
 
 from service.sources.base import Message, Recorded
 from service.store.errors import translate_errors
+from service.store.processing import MessageRow
+
+# Sync mode: runs the handlers of the rows just inserted, in the same transaction; raising
+# rolls the whole delivery back.
+ProcessHook = Callable[[AsyncConnection, Sequence[MessageRow]], Awaitable[None]]
 
 NOTIFY_CHANNEL = "webhook_inbox"
 
@@ -45,14 +50,21 @@ async def record_messages(
     headers: Mapping[str, str],
     body: bytes,
     content_type: str | None,
+    process: ProcessHook | None = None,
 ) -> list[Recorded]:
     """Insert each message unless already recorded, in one transaction committed on return.
 
     A message without bytes of its own (`Message.body is None`) stores the request's `body`.
+    With `process` (sync mode), the accepted rows are handed to it before the commit and are
+    answered `processed`; whatever it raises propagates and nothing is recorded.
     """
     results: list[Recorded] = []
+    accepted: list[MessageRow] = []
+    stored_headers = dict(headers)
     async with translate_errors(), engine.begin() as conn:
         for message in messages:
+            message_body = body if message.body is None else message.body
+            message_type = message.content_type or content_type
             row_id = (
                 await conn.execute(
                     INSERT_MESSAGE,
@@ -60,9 +72,9 @@ async def record_messages(
                         "source": source,
                         "message_id": message.message_id,
                         "event_type": message.event_type,
-                        "headers": dict(headers),
-                        "body": body if message.body is None else message.body,
-                        "content_type": message.content_type or content_type,
+                        "headers": stored_headers,
+                        "body": message_body,
+                        "content_type": message_type,
                     },
                 )
             ).scalar_one_or_none()
@@ -71,8 +83,24 @@ async def record_messages(
                     COUNT_REDELIVERY, {"source": source, "message_id": message.message_id}
                 )
                 results.append(Recorded(message.message_id, "duplicate", None))
-            else:
-                results.append(Recorded(message.message_id, "accepted", row_id))
-        if any(r.outcome == "accepted" for r in results):
+                continue
+            results.append(
+                Recorded(message.message_id, "processed" if process else "accepted", row_id)
+            )
+            accepted.append(
+                MessageRow(
+                    row_id,
+                    source,
+                    message.message_id,
+                    message.event_type,
+                    0,
+                    stored_headers,
+                    message_body,
+                    message_type,
+                )
+            )
+        if accepted and process is not None:
+            await process(conn, accepted)
+        elif accepted:
             await conn.execute(NOTIFY, {"source": source})
     return results

@@ -1,0 +1,1 @@
+"""Processing accepted messages: the handler API, handler resolution, retry policy, forwarding."""

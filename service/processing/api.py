@@ -1,0 +1,105 @@
+"""The handler API: what a handler receives, and the exceptions it raises to steer retries."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession as SQLAlchemyAsyncSession
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+
+@dataclass(frozen=True)
+class InboxMessage:
+    """One accepted message, as a handler sees it."""
+
+    id: int
+    """The inbox row id (the `id` in ingest answers and the admin API)."""
+    source: str
+    message_id: str
+    """The dedup key the source's kind extracted."""
+    event_type: str | None
+    attempt: int
+    """1 on the first run of the handlers, 2 on the first retry, and so on."""
+    headers: Mapping[str, str]
+    """The delivery's headers, credentials and signatures redacted."""
+    body: bytes
+    content_type: str | None = None
+
+    @cached_property
+    def payload(self) -> Any:
+        """The body parsed as JSON, or `None` when it is not JSON."""
+        try:
+            return json.loads(self.body)
+        except ValueError:  # includes UnicodeDecodeError
+            return None
+
+
+class HandlerCommitError(RuntimeError):
+    """A handler called `commit()` or `rollback()` on `ctx.session`: the inbox owns those."""
+
+
+class HandlerSession(AsyncSession):
+    """`ctx.session`: an `AsyncSession` in the inbox's transaction; the inbox commits it.
+
+    Each message runs inside its own SAVEPOINT (the session joins the inbox's connection with
+    `join_transaction_mode="create_savepoint"`); the inbox releases it when every handler has
+    returned, or rolls back to it when one raised, and commits the batch with the messages'
+    `processed` marks. A handler that commits itself would break that, so it is refused.
+    """
+
+    _handler_running: bool = False
+    _commit_refused: bool = False
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        # SQLModel marks `execute` deprecated in favour of `exec`; SPEC §5 offers both, and a
+        # handler's `execute(text(...))` should not warn on every message.
+        return await SQLAlchemyAsyncSession.execute(self, *args, **kwargs)
+
+    async def commit(self) -> None:
+        if self._handler_running:
+            self._commit_refused = True
+            raise HandlerCommitError(
+                "a handler must not commit: webhook-inbox commits your effects together with "
+                "the message's processed mark once every handler has returned"
+            )
+        await super().commit()
+
+    async def rollback(self) -> None:
+        if self._handler_running:
+            self._commit_refused = True
+            raise HandlerCommitError(
+                "a handler must not roll back: raise an exception instead, and webhook-inbox "
+                "rolls back this message's effects and records the failed attempt"
+            )
+        await super().rollback()
+
+
+@dataclass
+class HandlerContext:
+    """What a handler may use besides the message: the session of the inbox's transaction."""
+
+    session: HandlerSession
+
+
+Handler = Callable[[InboxMessage, HandlerContext], Awaitable[None]]
+
+
+class PermanentFailure(Exception):
+    """Raise from a handler when retrying cannot help: the message goes to the dead letters now."""
+
+
+class RetryLater(Exception):
+    """Raise from a handler to retry after `after_seconds` instead of the usual backoff.
+
+    It still counts as an attempt: at `max_attempts` the message is dead.
+    """
+
+    def __init__(self, after_seconds: float, reason: str = "") -> None:
+        if after_seconds < 0:
+            raise ValueError("after_seconds must be >= 0")
+        super().__init__(reason or f"retry requested in {after_seconds:g}s")
+        self.after_seconds = float(after_seconds)

@@ -1,0 +1,130 @@
+"""Forward destinations: POST a message to an internal HTTP endpoint and classify the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from service.core.config import SourceConfig
+from service.processing.policy import Failure, dead_failure, retry_failure
+from service.store.processing import AttemptResult, MessageRow
+
+log = logging.getLogger("service.forward")
+
+# Besides 5xx: the request timed out, "too early", "too many requests" - all worth retrying.
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+MAX_RETRY_AFTER_SECONDS = 7 * 86_400
+# How much of an error response's body to keep in last_error.
+ERROR_BODY_CHARS = 300
+
+
+def lease_seconds(config: SourceConfig, margin: float) -> float:
+    """How long a forward may hold its message before another worker takes it again."""
+    timeout = config.forward.timeout_seconds if config.forward else 0.0
+    return timeout + margin
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """`Retry-After` as seconds from now: delta-seconds or an HTTP date; None if absent/invalid."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_SECONDS)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def forward_headers(row: MessageRow, attempt: int) -> dict[str, str]:
+    headers = {
+        "content-type": row.content_type or "application/octet-stream",
+        # The same on every attempt, so the destination can drop a repeat of an attempt whose
+        # answer we never saw (timeout, crash before recording it).
+        "idempotency-key": f"{row.source}:{row.message_id}",
+        "inbox-message-id": str(row.id),
+        "inbox-attempt": str(attempt),
+        "inbox-source": row.source,
+    }
+    if row.event_type is not None:
+        headers["inbox-event-type"] = row.event_type
+    return headers
+
+
+def classify_response(
+    response: httpx.Response, attempt: int, config: SourceConfig
+) -> Failure | None:
+    """None for 2xx; a retry for 408/425/429/5xx (and 1xx/3xx); dead for any other 4xx."""
+    status = response.status_code
+    if 200 <= status < 300:
+        return None
+    snippet = response.text[:ERROR_BODY_CHARS].strip()
+    error = f"HTTP {status}" + (f": {snippet}" if snippet else "")
+    if 400 <= status < 500 and status not in RETRYABLE_STATUSES:
+        return dead_failure("ForwardRejected", error)
+    after = parse_retry_after(response.headers.get("retry-after"))
+    return retry_failure(attempt, config, "ForwardFailed", error, after)
+
+
+async def forward_message(
+    client: httpx.AsyncClient, row: MessageRow, attempt: int, config: SourceConfig
+) -> AttemptResult:
+    """POST `row` to the source's destination; the attempt's result, never an exception."""
+    assert config.forward is not None
+    started = datetime.now(UTC)
+    failure: Failure | None
+    try:
+        # httpx's timeout is per read/write; this one bounds the whole exchange, so the call
+        # always ends before the lease does.
+        async with asyncio.timeout(config.forward.timeout_seconds):
+            response = await client.post(
+                config.forward.url, content=row.body, headers=forward_headers(row, attempt)
+            )
+        failure = classify_response(response, attempt, config)
+    except (TimeoutError, httpx.TimeoutException):
+        failure = retry_failure(
+            attempt,
+            config,
+            "ForwardTimeout",
+            f"no answer within {config.forward.timeout_seconds:g}s",
+            None,
+        )
+    except httpx.HTTPError as exc:
+        failure = retry_failure(
+            attempt, config, "ForwardConnectionError", f"{type(exc).__name__}: {exc}", None
+        )
+    finished = datetime.now(UTC)
+    if failure is None:
+        return AttemptResult(row.id, attempt, "processed", "processed", started, finished)
+    log.warning(
+        "forward failed",
+        extra={
+            "source": row.source,
+            "message_id": row.message_id,
+            "id": row.id,
+            "attempt": attempt,
+            "error": failure.error,
+            "next_status": failure.status,
+            "retry_in_s": failure.delay_seconds,
+        },
+    )
+    return AttemptResult(
+        row.id,
+        attempt,
+        failure.status,
+        failure.outcome,
+        started,
+        finished,
+        delay_seconds=failure.delay_seconds,
+        error_type=failure.error_type,
+        error=failure.error,
+    )

@@ -1,0 +1,105 @@
+"""Each source's handlers, resolved from `module:function` strings once at start-up."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from service.core.config import ConfigError, ForwardConfig, SourceConfig
+from service.inbox_config import InboxConfig
+from service.processing.api import Handler
+
+
+@dataclass(frozen=True)
+class Route:
+    """One handler and the event-type globs it is run for."""
+
+    target: str
+    handler: Handler
+    event_types: tuple[str, ...] = ("*",)
+
+    def matches(self, event_type: str | None) -> bool:
+        name = event_type or ""
+        return any(fnmatchcase(name, pattern) for pattern in self.event_types)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What happens to one source's messages: Python handlers, or a forward destination."""
+
+    source: str
+    config: SourceConfig
+    routes: tuple[Route, ...] = ()
+    _by_event_type: dict[str | None, tuple[Handler, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @property
+    def forward(self) -> ForwardConfig | None:
+        return self.config.forward
+
+    def handlers_for(self, event_type: str | None) -> tuple[Handler, ...]:
+        """The handlers to run for `event_type`, in configuration order (memoised)."""
+        found = self._by_event_type.get(event_type)
+        if found is None:
+            found = tuple(r.handler for r in self.routes if r.matches(event_type))
+            if len(self._by_event_type) < 10_000:  # event types come from senders: bound it
+                self._by_event_type[event_type] = found
+        return found
+
+
+def import_handler(target: str) -> Handler:
+    """The async function named by `module:function`, or ValueError saying what is wrong."""
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or whatever the module raised while importing
+        raise ValueError(
+            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    func = getattr(module, attr, None)
+    if func is None:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+    if not inspect.iscoroutinefunction(func):
+        raise ValueError(f"{target} must be an `async def handler(message, ctx)` function")
+    handler: Handler = func
+    return handler
+
+
+def build_pipeline(name: str, config: SourceConfig) -> Pipeline:
+    where = f"sources.{name}"
+    routes: list[Route] = []
+    for i, target in enumerate(config.handlers):
+        try:
+            routes.append(Route(target, import_handler(target)))
+        except ValueError as exc:
+            raise ConfigError(f"{where}.handlers[{i}]: {exc}") from None
+    for i, spec in enumerate(config.handler):
+        try:
+            routes.append(Route(spec.target, import_handler(spec.target), tuple(spec.event_types)))
+        except ValueError as exc:
+            raise ConfigError(f"{where}.handler[{i}].target: {exc}") from None
+    if config.forward is not None:
+        if routes:
+            raise ConfigError(
+                f"{where}.forward: a source either forwards or runs Python handlers, not both"
+            )
+        if config.mode == "sync":
+            raise ConfigError(
+                f"{where}.mode: sync mode runs Python handlers in the request; "
+                "a forward destination is async only"
+            )
+    return Pipeline(name, config, tuple(routes))
+
+
+def resolve_pipelines(inbox: InboxConfig) -> dict[str, Pipeline]:
+    """Import every configured handler; the first bad one raises a one-line ConfigError."""
+    # Like uvicorn's --app-dir default: the user's own package in the working directory.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    return {name: build_pipeline(name, src.config) for name, src in inbox.sources.items()}

@@ -1,0 +1,62 @@
+"""LISTEN on the channel ingest notifies, over a dedicated connection that reconnects itself."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import asyncpg
+
+from service.store.ingest import NOTIFY_CHANNEL
+
+log = logging.getLogger("service.worker.listener")
+
+HEALTH_CHECK_SECONDS = 15.0
+MAX_RECONNECT_DELAY_SECONDS = 30.0
+
+
+def asyncpg_dsn(url: str) -> str:
+    """asyncpg takes `postgresql://`; SQLAlchemy's `+asyncpg` marker is dropped."""
+    scheme, sep, rest = url.partition("://")
+    return f"postgresql://{rest}" if sep and scheme.startswith("postgres") else url
+
+
+async def listen_for_messages(url: str, on_notify: Callable[[], None]) -> NoReturn:
+    """Call `on_notify` for each notification on `webhook_inbox`, forever.
+
+    A lost connection is reopened with backoff; `on_notify` is also called on every (re)connect,
+    since notifications sent while nobody listened are gone. Polling covers the gap meanwhile.
+    """
+    delay = 0.5
+
+    def callback(*_: Any) -> None:
+        on_notify()
+
+    while True:
+        conn: asyncpg.Connection | None = None
+        try:
+            conn = await asyncpg.connect(
+                asyncpg_dsn(url),
+                timeout=10,
+                server_settings={"application_name": "webhook-inbox-listener"},
+            )
+            await conn.add_listener(NOTIFY_CHANNEL, callback)
+            log.info("listening", extra={"channel": NOTIFY_CHANNEL})
+            delay = 0.5
+            on_notify()
+            while True:
+                # Notifications arrive on their own; this only notices a silently dead socket.
+                await asyncio.sleep(HEALTH_CHECK_SECONDS)
+                await conn.execute("SELECT 1", timeout=10)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning(
+                "listener connection lost; polling until it is back",
+                extra={"error": f"{type(exc).__name__}: {exc}", "retry_in_s": delay},
+            )
+        finally:
+            if conn is not None:
+                conn.terminate()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, MAX_RECONNECT_DELAY_SECONDS)

@@ -1,0 +1,255 @@
+"""The worker's SQL: claim due messages, lease forwards, record attempts, reap expired leases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.processing.api import HandlerSession
+from service.store.errors import translate_errors
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    """A message as the worker (or sync ingest) runs it; `attempts` = attempts made before."""
+
+    id: int
+    source: str
+    message_id: str
+    event_type: str | None
+    attempts: int
+    headers: dict[str, str]
+    body: bytes
+    content_type: str | None
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """How one attempt ended, to be written to the message row and inbox_attempts."""
+
+    id: int
+    attempt: int
+    status: str  # processed | retrying | dead
+    outcome: str  # inbox_attempts.outcome
+    started_at: datetime
+    finished_at: datetime
+    delay_seconds: float | None = None
+    error_type: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+    @property
+    def duration_ms(self) -> float:
+        return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One claim transaction: its connection, and the session handlers stage effects in."""
+
+    conn: AsyncConnection
+    session: HandlerSession
+
+
+def handler_session(conn: AsyncConnection) -> HandlerSession:
+    """A session on `conn` whose every transaction is a SAVEPOINT inside the connection's own."""
+    return HandlerSession(
+        bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False
+    )
+
+
+@asynccontextmanager
+async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[Batch]:
+    """A transaction committed when the block exits normally, rolled back otherwise."""
+    async with translate_errors(), engine.connect() as conn, conn.begin():
+        session = handler_session(conn)
+        try:
+            yield Batch(conn, session)
+        finally:
+            await session.close()
+
+
+# SKIP LOCKED: rows another worker holds are not waited for, so concurrent workers (threads or
+# processes) take disjoint batches; the row locks are held until this transaction ends, so a
+# message's handlers never run twice at once. Ordered on the partial due index (0001).
+CLAIM_DUE = text(
+    """
+        SELECT id, source, message_id, event_type, attempts, headers, body, content_type
+          FROM inbox_messages
+         WHERE status IN ('pending', 'retrying')
+           AND next_attempt_at <= now()
+           AND source = ANY(CAST(:sources AS text[]))
+         ORDER BY next_attempt_at, id
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+        """
+).columns(headers=JSONB)
+
+
+async def claim_due(conn: AsyncConnection, sources: Sequence[str], limit: int) -> list[MessageRow]:
+    """Lock up to `limit` due messages of `sources` for this transaction."""
+    rows = await conn.execute(CLAIM_DUE, {"sources": list(sources), "limit": limit})
+    return [
+        MessageRow(
+            id=r.id,
+            source=r.source,
+            message_id=r.message_id,
+            event_type=r.event_type,
+            attempts=r.attempts,
+            headers=r.headers or {},
+            body=bytes(r.body),
+            content_type=r.content_type,
+        )
+        for r in rows
+    ]
+
+
+# A forward runs outside any transaction: the claim marks the row `processing` until
+# `locked_until`, counting the attempt now, so that a crash mid-call is still an attempt.
+LEASE = text(
+    """
+    UPDATE inbox_messages AS m
+       SET status = 'processing',
+           attempts = m.attempts + 1,
+           locked_until = clock_timestamp() + u.lease * interval '1 second'
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:leases AS float8[])) AS u(id, lease)
+     WHERE m.id = u.id
+    """
+)
+
+
+async def lease(conn: AsyncConnection, leases: Sequence[tuple[int, float]]) -> None:
+    """Mark `(id, seconds)` messages `processing` for that long; attempts count up by one."""
+    if leases:
+        await conn.execute(LEASE, {"ids": [i for i, _ in leases], "leases": [s for _, s in leases]})
+
+
+# One round trip records a whole batch: the status update and the attempt rows. The update is
+# fenced on the attempts count and status the caller saw, so the outcome of a lease that expired
+# and was claimed again by someone else is dropped instead of overwriting the newer attempt.
+FINISH_ATTEMPTS = text(
+    """
+    WITH finished AS (
+        UPDATE inbox_messages AS m
+           SET status = u.status,
+               attempts = u.attempt,
+               next_attempt_at = CASE WHEN u.status = 'retrying'
+                                      THEN clock_timestamp() + u.delay * interval '1 second'
+                                      ELSE m.next_attempt_at END,
+               processed_at = CASE WHEN u.status = 'processed' THEN clock_timestamp() END,
+               locked_until = NULL,
+               last_error = u.last_error
+          FROM unnest(CAST(:ids AS bigint[]), CAST(:statuses AS text[]),
+                      CAST(:attempts AS int[]), CAST(:expected AS int[]),
+                      CAST(:delays AS float8[]), CAST(:last_errors AS text[]))
+               AS u(id, status, attempt, expected, delay, last_error)
+         WHERE m.id = u.id
+           AND m.attempts = u.expected
+           AND m.status = ANY(CAST(:from_statuses AS text[]))
+     RETURNING m.id
+    )
+    INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
+                                error_type, error, traceback, duration_ms, actor)
+    SELECT a.id, a.attempt, a.started_at, a.finished_at, a.outcome,
+           a.error_type, a.error, a.traceback, a.duration_ms, :actor
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
+                  CAST(:started AS timestamptz[]), CAST(:finished AS timestamptz[]),
+                  CAST(:outcomes AS text[]), CAST(:error_types AS text[]),
+                  CAST(:errors AS text[]), CAST(:tracebacks AS text[]),
+                  CAST(:durations AS float8[]))
+           AS a(id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
+                duration_ms)
+      JOIN finished USING (id)
+    RETURNING message_id
+    """
+)
+
+UNLEASED = ["pending", "retrying"]
+LEASED = ["processing"]
+
+
+async def finish_attempts(
+    conn: AsyncConnection,
+    results: Sequence[AttemptResult],
+    actor: str,
+    *,
+    leased: bool = False,
+) -> set[int]:
+    """Write `results`; the ids actually updated (a lost lease is left out).
+
+    `leased`: the attempts were counted when the rows were leased (forwards, reaped leases);
+    otherwise the rows are still locked by this transaction and the attempt counts now.
+    """
+    if not results:
+        return set()
+    params: dict[str, Any] = {
+        "ids": [r.id for r in results],
+        "statuses": [r.status for r in results],
+        "attempts": [r.attempt for r in results],
+        "expected": [r.attempt if leased else r.attempt - 1 for r in results],
+        "delays": [r.delay_seconds for r in results],
+        "last_errors": [None if r.status == "processed" else last_error_line(r) for r in results],
+        "from_statuses": LEASED if leased else UNLEASED,
+        "started": [r.started_at for r in results],
+        "finished": [r.finished_at for r in results],
+        "outcomes": [r.outcome for r in results],
+        "error_types": [r.error_type for r in results],
+        "errors": [r.error for r in results],
+        "tracebacks": [r.traceback for r in results],
+        "durations": [r.duration_ms for r in results],
+        "actor": actor,
+    }
+    rows = await conn.execute(FINISH_ATTEMPTS, params)
+    return {row.message_id for row in rows}
+
+
+def last_error_line(result: AttemptResult) -> str | None:
+    if result.error_type is None:
+        return result.error
+    return f"{result.error_type}: {result.error}" if result.error else result.error_type
+
+
+async def record_results(
+    engine: AsyncEngine, results: Sequence[AttemptResult], actor: str, *, leased: bool
+) -> set[int]:
+    """`finish_attempts` in a short transaction of its own."""
+    async with translate_errors(), engine.begin() as conn:
+        return await finish_attempts(conn, results, actor, leased=leased)
+
+
+# Leases whose holder is gone (killed, partitioned, or just too slow): SKIP LOCKED so that
+# several workers reaping at once split them; each is then finished as an abandoned attempt.
+EXPIRED_LEASES = text(
+    """
+    SELECT id, source, attempts
+      FROM inbox_messages
+     WHERE status = 'processing'
+       AND locked_until < now()
+       AND source = ANY(CAST(:sources AS text[]))
+     ORDER BY locked_until
+     LIMIT :limit
+       FOR UPDATE SKIP LOCKED
+    """
+)
+
+
+async def expired_leases(
+    conn: AsyncConnection, sources: Sequence[str], limit: int
+) -> list[tuple[int, str, int]]:
+    """Lock up to `limit` expired leases: `(id, source, attempts)`."""
+    rows = await conn.execute(EXPIRED_LEASES, {"sources": list(sources), "limit": limit})
+    return [(r.id, r.source, r.attempts) for r in rows]
+
+
+@asynccontextmanager
+async def short_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A transaction for bookkeeping only (no handler runs in it)."""
+    async with translate_errors(), engine.begin() as conn:
+        yield conn

@@ -1,0 +1,28 @@
+"""Running a worker: its own engine and pool, sized to its concurrency, until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from service.core.config import Settings
+from service.core.db import create_engine
+from service.processing.pipeline import Pipeline
+from service.worker.worker import Worker, WorkerOptions
+
+
+async def run_worker(
+    settings: Settings,
+    url: str,
+    pipelines: Mapping[str, Pipeline],
+    stop: asyncio.Event,
+) -> None:
+    """Run a worker on `url` until `stop` is set (raises `WorkerCrashed` if a part of it dies)."""
+    options = WorkerOptions.from_settings(settings)
+    # Its own pool, so that HTTP ingest in the same process never waits behind batches. No
+    # pre-ping: it costs a round trip per batch, and a batch on a dead connection is retried.
+    engine = create_engine(url, settings, pool_size=options.concurrency + 1, pool_pre_ping=False)
+    try:
+        await Worker(engine, url, pipelines, options).run(stop)
+    finally:
+        await engine.dispose()

@@ -1,0 +1,110 @@
+"""Handlers the processing tests configure by `tests.handlers:NAME`; effects go to `effects`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from sqlalchemy import text
+
+from service import HandlerContext, InboxMessage, PermanentFailure, RetryLater
+
+EFFECTS_DDL = """
+CREATE TABLE effects (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    inbox_id   bigint NOT NULL,
+    source     text   NOT NULL,
+    message_id text   NOT NULL,
+    attempt    integer NOT NULL,
+    payload    jsonb
+)
+"""
+
+INSERT_EFFECT = text(
+    "INSERT INTO effects (inbox_id, source, message_id, attempt, payload) "
+    "VALUES (:inbox_id, :source, :message_id, :attempt, CAST(:payload AS jsonb))"
+)
+
+# Switches and signals the tests flip; the handlers run in the test's own event loop.
+state: dict[str, Any] = {"sync_fail": False, "slow_seconds": 1.0}
+slow_started: asyncio.Event | None = None
+
+
+async def record(message: InboxMessage, ctx: HandlerContext) -> None:
+    import json
+
+    await ctx.session.execute(
+        INSERT_EFFECT,
+        {
+            "inbox_id": message.id,
+            "source": message.source,
+            "message_id": message.message_id,
+            "attempt": message.attempt,
+            "payload": None if message.payload is None else json.dumps(message.payload),
+        },
+    )
+
+
+async def fail_twice(message: InboxMessage, ctx: HandlerContext) -> None:
+    await record(message, ctx)  # staged, then rolled back with the failure
+    if message.attempt < 3:
+        raise RuntimeError(f"flaky failure on attempt {message.attempt}")
+
+
+async def always_fail(message: InboxMessage, ctx: HandlerContext) -> None:
+    await record(message, ctx)
+    raise ValueError("downstream says no")
+
+
+async def permanent(message: InboxMessage, ctx: HandlerContext) -> None:
+    await record(message, ctx)
+    raise PermanentFailure("this payload can never be handled")
+
+
+async def retry_once_later(message: InboxMessage, ctx: HandlerContext) -> None:
+    if message.attempt == 1:
+        raise RetryLater(after_seconds=1.0)
+    await record(message, ctx)
+
+
+async def commits(message: InboxMessage, ctx: HandlerContext) -> None:
+    await record(message, ctx)
+    await ctx.session.commit()
+
+
+async def commits_quietly(message: InboxMessage, ctx: HandlerContext) -> None:
+    await record(message, ctx)
+    # The point: swallowing the refusal must not keep the effects.
+    with contextlib.suppress(Exception):
+        await ctx.session.commit()
+
+
+async def sync_switch(message: InboxMessage, ctx: HandlerContext) -> None:
+    await record(message, ctx)
+    if state["sync_fail"]:
+        raise RuntimeError("sync handler failure")
+
+
+async def slow(message: InboxMessage, ctx: HandlerContext) -> None:
+    if slow_started is not None:
+        slow_started.set()
+    await asyncio.sleep(state["slow_seconds"])
+    await record(message, ctx)
+
+
+async def record_slowly(message: InboxMessage, ctx: HandlerContext) -> None:
+    """For worker-process tests: slow enough that batches interleave and a kill lands mid-batch."""
+    await asyncio.sleep(0.01)
+    await record(message, ctx)
+
+
+def not_async(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Configured only to check that start-up refuses it."""
+
+
+async def sql_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
+    """A database error inside the handler: only this message's savepoint may be lost."""
+    await record(message, ctx)
+    if message.message_id.startswith("bad"):
+        await ctx.session.execute(text("SELECT * FROM no_such_table"))

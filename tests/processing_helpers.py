@@ -1,0 +1,75 @@
+"""Shared helpers for the processing tests: configs, waiting on the database."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import asyncpg
+
+from tests.handlers import EFFECTS_DDL
+
+# Fast retries and polling keep the suite quick.
+WORKER_SETTINGS: dict[str, Any] = {"worker_poll_seconds": 0.1, "worker_grace_seconds": 10}
+
+
+def source(*handlers: str, **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "kind": "generic",
+        "id_header": "X-Message-Id",
+        "event_type_header": "X-Event-Type",
+        "handlers": list(handlers),
+        "max_attempts": 5,
+        "backoff_base_seconds": 0.05,
+        "backoff_max_seconds": 0.2,
+    }
+    config.update(extra)
+    return config
+
+
+def config(*handlers: str, **extra: Any) -> dict[str, Any]:
+    return {"sources": {"hooks": source(*handlers, **extra)}}
+
+
+def delivery(message_id: str, event_type: str = "order.created") -> dict[str, str]:
+    return {
+        "x-message-id": message_id,
+        "x-event-type": event_type,
+        "content-type": "application/json",
+    }
+
+
+async def create_effects(db: asyncpg.Connection) -> None:
+    await db.execute(EFFECTS_DDL)
+
+
+async def wait_until(
+    db: asyncpg.Connection, query: str, expected: Any, timeout: float = 20.0, *args: Any
+) -> None:
+    """Poll `query` until it returns `expected`, or fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = await db.fetchval(query, *args)
+        if value == expected:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{query!r} is {value!r}, waited {timeout}s for {expected!r}")
+
+
+async def status_of(db: asyncpg.Connection, message_id: str) -> str | None:
+    status: str | None = await db.fetchval(
+        "SELECT status FROM inbox_messages WHERE message_id = $1", message_id
+    )
+    return status
+
+
+async def attempts_of(db: asyncpg.Connection, message_id: str) -> list[asyncpg.Record]:
+    return list(
+        await db.fetch(
+            "SELECT a.* FROM inbox_attempts a JOIN inbox_messages m ON m.id = a.message_id "
+            "WHERE m.message_id = $1 ORDER BY a.id",
+            message_id,
+        )
+    )

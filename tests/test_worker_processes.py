@@ -1,0 +1,90 @@
+"""Real `webhook-inbox worker` processes: two at once, and one killed in the middle of a batch."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.processing_helpers import create_effects, wait_until
+from tests.worker_process import start_worker, stop, wait_listening
+
+pytestmark = pytest.mark.slow
+
+TOML = """
+[sources.hooks]
+kind = "generic"
+id_header = "X-Message-Id"
+handlers = ["tests.handlers:record_slowly"]
+"""
+
+INSERT_MESSAGES = """
+INSERT INTO inbox_messages (source, message_id, event_type, body, content_type)
+SELECT 'hooks', 'm' || g, 'test', convert_to('{"n": ' || g || '}', 'UTF8'), 'application/json'
+  FROM generate_series(1, $1) AS g
+"""
+
+PROCESSED = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
+
+
+async def assert_each_effect_once(db: asyncpg.Connection, count: int) -> None:
+    assert await db.fetchval("SELECT count(*) FROM effects") == count
+    assert await db.fetchval("SELECT count(DISTINCT message_id) FROM effects") == count
+    assert await db.fetchval(PROCESSED) == count
+
+
+async def test_two_worker_processes_run_each_message_once(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await create_effects(db)
+    settings = {"INBOX_WORKER_BATCH_SIZE": "20", "INBOX_WORKER_CONCURRENCY": "2"}
+    workers = [start_worker(database_url, TOML, tmp_path, f"w{i}", **settings) for i in range(2)]
+    try:
+        await wait_listening(db, 2)
+        await db.execute(INSERT_MESSAGES, 1000)
+        await db.execute("NOTIFY webhook_inbox, 'hooks'")
+        await wait_until(db, PROCESSED, 1000, 60)
+    finally:
+        codes = [await stop(w) for w in workers]
+    assert codes == [0, 0]  # SIGTERM is a clean stop
+    await assert_each_effect_once(db, 1000)
+    actors = await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts")
+    assert actors == 2  # both processes took part
+    assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 1000
+
+
+async def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await create_effects(db)
+    # One loop, batches of 50 at ~10 ms a message: a kill lands inside a batch's transaction.
+    settings = {"INBOX_WORKER_BATCH_SIZE": "50", "INBOX_WORKER_CONCURRENCY": "1"}
+    worker = start_worker(database_url, TOML, tmp_path, "first", **settings)
+    try:
+        await wait_listening(db, 1)
+        await db.execute(INSERT_MESSAGES, 300)
+        await db.execute("NOTIFY webhook_inbox, 'hooks'")
+        deadline = time.monotonic() + 30
+        while await db.fetchval(PROCESSED) < 60 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # well inside the next batch
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    done_before_restart = await db.fetchval(PROCESSED)
+    assert 50 <= done_before_restart < 300
+    assert done_before_restart % 50 == 0  # whole batches committed, the killed one not at all
+    assert await db.fetchval("SELECT count(*) FROM effects") == done_before_restart
+
+    restarted = start_worker(database_url, TOML, tmp_path, "second", **settings)
+    try:
+        await wait_until(db, PROCESSED, 300, 60)
+    finally:
+        assert await stop(restarted) == 0
+    await assert_each_effect_once(db, 300)

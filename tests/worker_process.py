@@ -1,0 +1,61 @@
+"""Starting `webhook-inbox worker` as a real process against the test database."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start_worker(
+    database_url: str, config_toml: str, tmp_path: Path, name: str, **env: str
+) -> subprocess.Popen[bytes]:
+    config = tmp_path / f"{name}.toml"
+    config.write_text(config_toml)
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("INBOX_")},
+        "DATABASE_URL": database_url,
+        "INBOX_CONFIG": str(config),
+        "INBOX_LOG_FORMAT": "text",
+        "INBOX_WORKER_POLL_SECONDS": "0.2",
+        **env,
+    }
+    log = (tmp_path / f"{name}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "service", "worker"],
+        cwd=ROOT,
+        env=environment,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+async def wait_listening(db: asyncpg.Connection, count: int, timeout: float = 30) -> None:
+    """Until `count` worker listeners are connected to this test's database."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listening = await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'webhook-inbox-listener' AND datname = current_database()"
+        )
+        if listening >= count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{count} worker(s) did not start listening within {timeout}s")
+
+
+async def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:
+    process.terminate()
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if process.poll() is None:
+        process.kill()
+    return process.wait()
