@@ -168,6 +168,11 @@ async def test_sources_describe_config_without_secrets(
                 "max_attempts": 4,
                 "handlers": ["tests.handlers:record"],
                 "handler": [{"target": "tests.handlers:record_slowly", "event_types": ["order.*"]}],
+            },
+            # A source forwards or runs handlers, never both.
+            "forwarded": {
+                "kind": "generic",
+                "id_header": "X-Id",
                 "forward": {"url": "https://user:hunter2pass@billing.internal/in"},
             },
             "plain": {"kind": "generic", "id_header": "X-Id"},
@@ -179,7 +184,7 @@ async def test_sources_describe_config_without_secrets(
     for secret in ("super-secret-hmac-key", "shared-query-token-value", "hunter2pass", TOKEN):
         assert secret not in response.text
     sources = {s["name"]: s for s in response.json()["sources"]}
-    assert list(sources) == ["plain", "signed"]
+    assert list(sources) == ["forwarded", "plain", "signed"]
     signed = sources["signed"]
     assert signed["kind"] == "generic"
     assert signed["mode"] == "sync"
@@ -188,7 +193,8 @@ async def test_sources_describe_config_without_secrets(
         {"target": "tests.handlers:record", "event_types": ["*"]},
         {"target": "tests.handlers:record_slowly", "event_types": ["order.*"]},
     ]
-    assert signed["forward"] == {
+    assert signed["forward"] is None
+    assert sources["forwarded"]["forward"] == {
         "url": "https://user:***@billing.internal/in",
         "timeout_seconds": 10.0,
     }
