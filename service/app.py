@@ -87,7 +87,10 @@ def create_app(
         stop = asyncio.Event()
         worker: asyncio.Task[None] | None = None
         if run_worker_in_process:
-            worker = asyncio.create_task(run_worker(settings, url, pipelines, stop), name="worker")
+            running = run_worker(
+                settings, url, pipelines, stop, metrics=app_metrics, retention=inbox
+            )
+            worker = asyncio.create_task(running, name="worker")
             worker.add_done_callback(lambda task: on_worker_done(task, stop, exit_on_worker_crash))
         try:
             yield

@@ -216,7 +216,7 @@ def serve(args: argparse.Namespace) -> None:
 def worker(args: argparse.Namespace) -> None:
     from service.worker import WorkerCrashed, run_worker
 
-    settings, _, pipelines = load(
+    settings, inbox, pipelines = load(
         worker_concurrency=args.concurrency,
         worker_batch_size=args.batch_size,
         worker_poll_seconds=args.poll_seconds,
@@ -230,7 +230,7 @@ def worker(args: argparse.Namespace) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_worker(settings, url, pipelines, stop)
+        await run_worker(settings, url, pipelines, stop, retention=inbox)
 
     try:
         asyncio.run(run())

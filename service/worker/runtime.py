@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 from service.core.config import Settings
 from service.core.db import create_engine
+from service.core.metrics import Metrics
+from service.inbox_config import InboxConfig
 from service.processing.pipeline import Pipeline
 from service.worker.worker import Worker, WorkerOptions
 
@@ -16,13 +18,20 @@ async def run_worker(
     url: str,
     pipelines: Mapping[str, Pipeline],
     stop: asyncio.Event,
+    *,
+    metrics: Metrics | None = None,
+    retention: InboxConfig | None = None,
 ) -> None:
-    """Run a worker on `url` until `stop` is set (raises `WorkerCrashed` if a part of it dies)."""
+    """Run a worker on `url` until `stop` is set (raises `WorkerCrashed` if a part of it dies).
+
+    With `retention`, it also applies retention every hour (SPEC §6).
+    """
     options = WorkerOptions.from_settings(settings)
     # Its own pool, so that HTTP ingest in the same process never waits behind batches. No
     # pre-ping: it costs a round trip per batch, and a batch on a dead connection is retried.
     engine = create_engine(url, settings, pool_size=options.concurrency + 1, pool_pre_ping=False)
     try:
-        await Worker(engine, url, pipelines, options).run(stop)
+        worker = Worker(engine, url, pipelines, options, metrics=metrics, retention=retention)
+        await worker.run(stop)
     finally:
         await engine.dispose()

@@ -15,10 +15,13 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.config import Settings
+from service.core.metrics import Metrics
+from service.inbox_config import InboxConfig
 from service.processing.forward import forward_message, lease_seconds
 from service.processing.pipeline import Pipeline
 from service.processing.policy import retry_failure
 from service.processing.runner import run_handlers
+from service.retention import prune_periodically
 from service.store.errors import StoreUnavailable
 from service.store.notifications import listen_for_messages
 from service.store.processing import (
@@ -82,8 +85,14 @@ class Worker:
         pipelines: Mapping[str, Pipeline],
         options: WorkerOptions | None = None,
         actor: str | None = None,
+        *,
+        metrics: Metrics | None = None,
+        retention: InboxConfig | None = None,
     ) -> None:
+        """`metrics` counts attempts; with `retention`, the worker also prunes periodically."""
         self.engine = engine
+        self.metrics = metrics
+        self.retention = retention
         self.url = url
         self.pipelines = dict(pipelines)
         self.sources = sorted(self.pipelines)
@@ -132,6 +141,9 @@ class Worker:
                 asyncio.create_task(listen_for_messages(self.url, self.wake_one), name="listener"),
                 asyncio.create_task(self._poll(), name="poller"),
             ]
+            if self.retention is not None:
+                pruner = prune_periodically(self.engine, self.retention, stop, metrics=self.metrics)
+                side.append(asyncio.create_task(pruner, name="pruner"))
             stopping = asyncio.create_task(stop.wait(), name="stop")
             done, _ = await asyncio.wait(
                 {stopping, *loops, *side}, return_when=asyncio.FIRST_COMPLETED
@@ -218,6 +230,7 @@ class Worker:
             )
             await finish_attempts(batch.conn, results, self.actor)
         # Committed: effects and processed marks together, and the forwards' leases.
+        self._count(rows, results)
         if forwards:
             await self._forward(forwards)
         return len(rows)
@@ -232,12 +245,21 @@ class Worker:
             )
         )
         recorded = await record_results(self.engine, results, self.actor, leased=True)
+        self._count(rows, [r for r in results if r.id in recorded])
         for result in results:
             if result.id not in recorded:
                 log.warning(
                     "forward outcome dropped: the lease expired and another attempt took over",
                     extra={"id": result.id, "attempt": result.attempt},
                 )
+
+    def _count(self, rows: list[MessageRow], results: list[AttemptResult]) -> None:
+        if self.metrics is None:
+            return
+        source_of = {row.id: row.source for row in rows}
+        for result in results:
+            seconds = (result.finished_at - result.started_at).total_seconds()
+            self.metrics.attempt_finished(source_of[result.id], result.outcome, seconds)
 
     async def _poll(self) -> None:
         while True:

@@ -1,0 +1,80 @@
+"""The admin API and the worker together: fixed dead letters, forced replays, attempt metrics."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from tests import handlers
+from tests.conftest import AppFactory
+from tests.processing_helpers import (
+    WORKER_SETTINGS,
+    config,
+    create_effects,
+    delivery,
+    status_of,
+    wait_until,
+)
+
+TOKEN = "admin-token-for-worker-tests"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def _handlers_succeed() -> None:
+    handlers.state["sync_fail"] = False
+
+
+async def test_a_dead_letter_retried_after_its_cause_is_fixed_ends_processed(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    handlers.state["sync_fail"] = True  # the "bug": every attempt fails
+    app_config = config("tests.handlers:sync_switch", max_attempts=2)
+    async with client_for(
+        app_config, run_worker=True, admin_tokens=[TOKEN], **WORKER_SETTINGS
+    ) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-dead"))
+        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+        dead = (await client.get("/admin/dead-letters", headers=AUTH)).json()["items"]
+        assert [m["message_id"] for m in dead] == ["m-dead"]
+
+        handlers.state["sync_fail"] = False  # the fix is deployed
+        retried = await client.post(f"/admin/messages/{dead[0]['id']}/retry", headers=AUTH)
+        assert retried.status_code == 200
+        await wait_until(db, "SELECT status FROM inbox_messages", "processed")
+        detail = (await client.get(f"/admin/messages/{dead[0]['id']}", headers=AUTH)).json()
+    assert await db.fetchval("SELECT count(*) FROM effects") == 1
+    outcomes = [a["outcome"] for a in detail["attempts"]]
+    assert outcomes == ["failed", "dead", "admin_retry", "processed"]
+
+
+async def test_a_forced_replay_runs_the_handler_again_and_unforced_is_409(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    async with client_for(
+        config("tests.handlers:record"), run_worker=True, admin_tokens=[TOKEN], **WORKER_SETTINGS
+    ) as client:
+        accepted = await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-r"))
+        row_id = accepted.json()["id"]
+        await wait_until(db, "SELECT count(*) FROM effects", 1)
+        assert await status_of(db, "m-r") == "processed"
+
+        unforced = await client.post(f"/admin/messages/{row_id}/retry", headers=AUTH)
+        assert unforced.status_code == 409
+        forced = await client.post(
+            f"/admin/messages/{row_id}/retry", headers=AUTH, json={"force": True}
+        )
+        assert forced.status_code == 200
+        await wait_until(db, "SELECT count(*) FROM effects", 2)
+        assert await status_of(db, "m-r") == "processed"
+
+        metrics = (await client.get("/metrics")).text
+    processed = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("webhook_inbox_attempts_total{") and 'outcome="processed"' in line
+    ]
+    assert processed, metrics
+    assert float(processed[0].rsplit(" ", 1)[1]) == 2.0
