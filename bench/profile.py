@@ -1,0 +1,1 @@
+"""bench/ingest --profile: py-spy on the service under wrk, and where its time goes."""
