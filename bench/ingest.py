@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,11 +68,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Benchmark POST /webhooks/{source} against a no-database FastAPI baseline "
         "and a naive SQLModel receiver, on PostgreSQL (DATABASE_URL, else embedded).",
     )
-    parser.add_argument("--duration", type=float, default=10, help="seconds per cell (10)")
+    parser.add_argument("--duration", type=int, default=10, help="seconds per cell (10)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")
     parser.add_argument("--connections", default="32,128", help="wrk connections (32,128)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
-    parser.add_argument("--warmup", type=float, default=2, help="seconds of warm-up per start")
+    parser.add_argument("--warmup", type=int, default=2, help="seconds of warm-up per start")
     parser.add_argument(
         "--max-rps",
         type=int,
@@ -229,7 +228,6 @@ def run_process(
     work: Path,
     key: bytes,
     cells: dict[tuple[str, int, str], Cell],
-    on_server: Callable[[Server, Target, int, str], None] | None = None,
 ) -> None:
     per_thread = math.ceil(args.max_rps * args.duration / args.threads)
     with Server(process.name, process.command, process.env, work / f"{process.name}.log") as srv:
@@ -256,8 +254,6 @@ def run_process(
                         asyncio.run(truncate(process.database_url, target.table))
                     tag = f"r{round_no}-{target.name}-c{connections}-{mode}"
                     prefix, body = write_requests(work / "req", tag, per_thread, args.threads, key)
-                    if on_server is not None:
-                        on_server(srv, target, connections, mode)
                     result = run_wrk(
                         wrk,
                         srv.url + target.path,

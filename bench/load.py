@@ -141,7 +141,7 @@ def run_wrk(
         wrk,
         f"-t{threads}",
         f"-c{connections}",
-        f"-d{duration}s",
+        f"-d{round(duration)}s",
         "--timeout",
         "10s",
         "-s",
