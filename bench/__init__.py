@@ -1,0 +1,1 @@
+"""Benchmarks for webhook-inbox; each runs with one command (see bench/README.md)."""

@@ -1,0 +1,357 @@
+"""bench/ingest: the service's ingest against two baselines under wrk, with targets checked.
+
+Run `bench/ingest` (or `bench/ingest --quick`); see bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench import report
+from bench.load import LoadResult, ensure_wrk, run_wrk, write_requests
+from bench.pg import BenchPostgres
+from bench.servers import Server
+
+RESULTS_DIR = Path(__file__).with_name("results")
+MODES = {"unique": 0.0, "dup50": 0.5}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One system under load: an endpoint of a process, and where its acknowledged ids go."""
+
+    name: str
+    path: str
+    table: str | None = None  # None: nothing to check (baseline A stores nothing)
+    source: str = "generic"
+
+
+@dataclass
+class Process:
+    """One uvicorn process serving one or more targets."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    targets: list[Target]
+    database_url: str | None = None
+    peak_rss: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Cell:
+    target: str
+    connections: int
+    mode: str
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench/ingest",
+        description="Benchmark POST /webhooks/{source} against a no-database FastAPI baseline "
+        "and a naive SQLModel receiver, on PostgreSQL (DATABASE_URL, else embedded).",
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds per cell (10)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")
+    parser.add_argument("--connections", default="32,128", help="wrk connections (32,128)")
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
+    parser.add_argument("--warmup", type=int, default=2, help="seconds of warm-up per start")
+    parser.add_argument(
+        "--max-rps",
+        type=int,
+        default=12000,
+        help="requests pre-generated per second of a cell; a cell that runs out is invalid",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL (INFO, as deployed)"
+    )
+    parser.add_argument(
+        "--systems",
+        default="generic,standard-webhooks,baseline-A,baseline-B",
+        help="comma-separated subset of the systems to run",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 1 round of 3 s cells, 1 s warm-up"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the benchmark, run the service's cells under py-spy and print "
+        "where its time goes (needs py-spy on PATH or in .venv)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.rounds, args.warmup = 3, 1, 1
+    args.connections = [int(c) for c in args.connections.split(",")]
+    args.systems = args.systems.split(",")
+    return args
+
+
+def console_script(name: str) -> list[str]:
+    script = Path(sys.executable).with_name(name)
+    return [str(script)] if script.exists() else [sys.executable, "-m", "service"]
+
+
+SOURCES_TOML = """
+# bench/ingest: one generic source (id from a header, no signature) and one standard-webhooks
+# source (whsec_ secret, default 300 s tolerance: requests are signed just before each cell).
+[sources.generic]
+kind = "generic"
+id_header = "X-Message-Id"
+
+[sources.standard-webhooks]
+kind = "standard-webhooks"
+secrets = ["{secret}"]
+"""
+
+
+async def fetch_ids(url: str, table: str, source: str) -> set[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(f"SELECT message_id FROM {table} WHERE source = $1", source)
+    finally:
+        await conn.close()
+    return {r["message_id"] for r in rows}
+
+
+async def truncate(url: str, table: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(f"TRUNCATE {table} CASCADE")
+    finally:
+        await conn.close()
+
+
+def check_stored(result: LoadResult, process: Process, target: Target) -> dict[str, Any]:
+    """Every id answered 2xx is in the table, and no id was `accepted` twice."""
+    if target.table is None or process.database_url is None:
+        return {"checked": False}
+    stored = asyncio.run(fetch_ids(process.database_url, target.table, target.source))
+    missing = sorted(result.acked_ids - stored)
+    ok = (
+        not missing
+        and not result.accepted_twice
+        and result.log_complete
+        and result.logged == result.acked  # every 2xx named its message id
+        and result.outcomes.get("accepted", 0) <= len(stored)
+    )
+    return {
+        "checked": True,
+        "ok": ok,
+        "acked_ids": len(result.acked_ids),
+        "stored_rows": len(stored),
+        "missing": len(missing),
+        "missing_sample": missing[:5],
+        "accepted_twice_sample": result.accepted_twice[:5],
+    }
+
+
+def build_processes(
+    pg: BenchPostgres, work: Path, args: argparse.Namespace, key: bytes
+) -> list[Process]:
+    service_url = asyncio.run(pg.create_database("bench_service"))
+    naive_url = asyncio.run(pg.create_database("bench_naive"))
+    sources = work / "sources.toml"
+    secret = "whsec_" + base64.b64encode(key).decode()
+    sources.write_text(SOURCES_TOML.replace("{secret}", secret))
+    service_env = {
+        "DATABASE_URL": service_url,
+        "INBOX_CONFIG": str(sources),
+        "INBOX_DATA_DIR": str(work / "inbox-data"),
+        "INBOX_ADMIN_TOKENS": secrets.token_hex(16),
+        "INBOX_LOG_LEVEL": args.log_level,
+    }
+    subprocess.run(
+        [*console_script("webhook-inbox"), "migrate"],
+        env={**service_env, "PATH": str(Path(sys.executable).parent)},
+        check=True,
+        capture_output=True,
+    )
+    baseline = [sys.executable, "-m", "bench.baselines"]
+    processes = [
+        Process(
+            "service",
+            [*console_script("webhook-inbox"), "serve", "--no-migrate", "--no-worker"],
+            service_env,
+            [
+                Target("generic", "/webhooks/generic", "inbox_messages", "generic"),
+                Target(
+                    "standard-webhooks",
+                    "/webhooks/standard-webhooks",
+                    "inbox_messages",
+                    "standard-webhooks",
+                ),
+            ],
+            service_url,
+        ),
+        Process("baseline-A", [*baseline, "noop"], {}, [Target("baseline-A", "/webhooks/generic")]),
+        Process(
+            "baseline-B",
+            [*baseline, "naive"],
+            {"BENCH_DATABASE_URL": naive_url},
+            [Target("baseline-B", "/webhooks/generic", "naive_messages", "generic")],
+            naive_url,
+        ),
+    ]
+    for process in processes:
+        process.targets = [t for t in process.targets if t.name in args.systems]
+    return [p for p in processes if p.targets]
+
+
+def rotate(items: list[Any], by: int) -> list[Any]:
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def run_process(
+    process: Process,
+    round_no: int,
+    args: argparse.Namespace,
+    wrk: str,
+    work: Path,
+    key: bytes,
+    cells: dict[tuple[str, int, str], Cell],
+) -> None:
+    per_thread = math.ceil(args.max_rps * args.duration / args.threads)
+    with Server(process.name, process.command, process.env, work / f"{process.name}.log") as srv:
+        if args.warmup > 0:
+            target = process.targets[0]
+            prefix, body = write_requests(
+                work / "req", f"warm{round_no}", math.ceil(args.max_rps * args.warmup), 1, key
+            )
+            run_wrk(
+                wrk,
+                srv.url + target.path,
+                connections=args.connections[0],
+                threads=1,
+                duration=args.warmup,
+                requests=prefix,
+                body_template=body,
+                dup_fraction=0.0,
+                ack_log=work / "ack",
+            )
+        for target in rotate(process.targets, round_no):
+            for connections in args.connections:
+                for mode, dup in MODES.items():
+                    if target.table and process.database_url:
+                        asyncio.run(truncate(process.database_url, target.table))
+                    tag = f"r{round_no}-{target.name}-c{connections}-{mode}"
+                    prefix, body = write_requests(work / "req", tag, per_thread, args.threads, key)
+                    result = run_wrk(
+                        wrk,
+                        srv.url + target.path,
+                        connections=connections,
+                        threads=args.threads,
+                        duration=args.duration,
+                        requests=prefix,
+                        body_template=body,
+                        dup_fraction=dup,
+                        ack_log=work / "ack",
+                    )
+                    run = {"round": round_no, **result.summary()}
+                    run["stored"] = check_stored(result, process, target)
+                    cells[(target.name, connections, mode)].runs.append(run)
+                    print(report.progress_line(target.name, connections, mode, run), flush=True)
+    process.peak_rss.append(srv.peak_rss)
+
+
+def machine() -> dict[str, Any]:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem_kb = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal")
+    )
+    wrk_version = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gib": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "wrk": wrk_version.split("\n", 1)[0].strip(),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    wrk = ensure_wrk()
+    if args.profile:
+        from bench import profile
+
+        profile.run(args, wrk)
+        return
+    info = machine()
+    print(f"machine: {info}", flush=True)
+    key = secrets.token_bytes(32)
+    started = time.time()
+    with BenchPostgres() as pg, tempfile.TemporaryDirectory(prefix="inbox-bench-") as tmp:
+        work = Path(tmp)
+        info["postgres"] = {"embedded": pg.embedded, **asyncio.run(pg.settings())}
+        processes = build_processes(pg, work, args, key)
+        cells = {
+            (t.name, c, m): Cell(t.name, c, m)
+            for p in processes
+            for t in p.targets
+            for c in args.connections
+            for m in MODES
+        }
+        for round_no in range(args.rounds):
+            for process in rotate(processes, round_no):
+                print(f"round {round_no + 1}/{args.rounds}: {process.name}", flush=True)
+                run_process(process, round_no, args, wrk, work, key, cells)
+        for process in processes:
+            if process.database_url:
+                asyncio.run(pg.drop_database(process.database_url))
+    info["loadavg_end"] = os.getloadavg()
+    summary = report.summarise(cells, processes, args)
+    print()
+    print(report.render(summary))
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / f"ingest-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    document = {
+        "machine": info,
+        "options": {
+            k: getattr(args, k)
+            for k in ("duration", "rounds", "connections", "threads", "warmup", "max_rps")
+        }
+        | {"service_log_level": args.log_level},
+        "elapsed_s": round(time.time() - started, 1),
+        "cells": [vars(c) for c in cells.values()],
+        "peak_rss_bytes": {p.name: max(p.peak_rss, default=0) for p in processes},
+        "summary": summary,
+    }
+    out.write_text(json.dumps(document, indent=2, default=str))
+    print(f"\nresults: {out}")
+    # Missed speed targets are reported above; a lost acknowledged id is a bug: fail.
+    if not summary["all_stored"]:
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

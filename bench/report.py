@@ -1,0 +1,151 @@
+"""bench/ingest's table, ratios and targets, from the runs of each cell."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.ingest import Cell, Process
+
+MIB = 1024 * 1024
+SERVICE_TARGETS = ("generic", "standard-webhooks")
+
+
+def progress_line(target: str, connections: int, mode: str, run: dict[str, Any]) -> str:
+    stored = run["stored"]
+    check = "-" if not stored["checked"] else ("ok" if stored["ok"] else "MISSING")
+    return (
+        f"  {target:<18} c={connections:<4} {mode:<7} {run['rps']:>8.0f} rps  "
+        f"p50 {run['p50_ms']:6.1f} ms  p99 {run['p99_ms']:7.1f} ms  "
+        f"non-2xx {run['non_2xx']}  errors {run['socket_errors']}  stored {check}"
+        + (f"  RAN OUT OF REQUESTS ({run['wrapped']})" if run["wrapped"] else "")
+    )
+
+
+def _cell_summary(cell: Cell) -> dict[str, Any]:
+    runs = cell.runs
+    checked = [r["stored"] for r in runs if r["stored"]["checked"]]
+    return {
+        "target": cell.target,
+        "connections": cell.connections,
+        "mode": cell.mode,
+        "rounds": len(runs),
+        # Medians over rounds; failures are summed: one is one too many.
+        "rps": statistics.median(r["rps"] for r in runs),
+        "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+        "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+        "p99_worst_ms": max(r["p99_ms"] for r in runs),
+        "non_2xx": sum(r["non_2xx"] for r in runs),
+        "socket_errors": sum(r["socket_errors"] for r in runs),
+        "wrapped": sum(r["wrapped"] for r in runs),
+        "stored": None if not checked else all(c["ok"] for c in checked),
+        "missing": sum(c["missing"] for c in checked),
+    }
+
+
+def summarise(
+    cells: dict[tuple[str, int, str], Cell], processes: list[Process], args: argparse.Namespace
+) -> dict[str, Any]:
+    rows = [_cell_summary(c) for c in cells.values() if c.runs]
+    by_key = {(r["target"], r["connections"], r["mode"]): r for r in rows}
+
+    def ratio(num: str, den: str, conns: int, mode: str) -> float | None:
+        a, b = by_key.get((num, conns, mode)), by_key.get((den, conns, mode))
+        return a["rps"] / b["rps"] if a and b and b["rps"] else None
+
+    ratios = [
+        {
+            "connections": conns,
+            "mode": mode,
+            "generic/A": ratio("generic", "baseline-A", conns, mode),
+            "generic/B": ratio("generic", "baseline-B", conns, mode),
+            "std-webhooks/generic": ratio("standard-webhooks", "generic", conns, mode),
+        }
+        for conns in args.connections
+        for mode in ("unique", "dup50")
+    ]
+    service_rows = [r for r in rows if r["target"] in SERVICE_TARGETS]
+    rss = {p.name: max(p.peak_rss, default=0) for p in processes}
+
+    def all_ratios(name: str, floor: float) -> tuple[bool | None, str]:
+        values = [r[name] for r in ratios if r[name] is not None]
+        if not values:
+            return None, "not measured"
+        return min(values) >= floor, f"min {min(values):.2f}x over {len(values)} cells"
+
+    p99_32 = [r for r in service_rows if r["connections"] == 32]
+    errors = sum(r["non_2xx"] + r["socket_errors"] for r in service_rows)
+    stored = [r["stored"] for r in rows if r["stored"] is not None]
+    service_stored = [r["stored"] for r in service_rows if r["stored"] is not None]
+    targets = [
+        ("generic >= 1.5x baseline A rps", *all_ratios("generic/A", 1.5)),
+        ("generic >= 10x baseline B rps", *all_ratios("generic/B", 10)),
+        ("standard-webhooks >= 0.9x generic rps", *all_ratios("std-webhooks/generic", 0.9)),
+        (
+            "service p99 <= 25 ms at 32 connections",
+            all(r["p99_ms"] <= 25 for r in p99_32) if p99_32 else None,
+            "worst median p99 " + (f"{max(r['p99_ms'] for r in p99_32):.1f} ms" if p99_32 else "-"),
+        ),
+        (
+            "service: zero non-2xx and socket errors",
+            errors == 0 if service_rows else None,
+            f"{errors} in all runs",
+        ),
+        (
+            "service: every acknowledged id stored",
+            all(service_stored) if service_stored else None,
+            f"{sum(r['missing'] for r in service_rows)} missing",
+        ),
+        (
+            "service peak RSS < 200 MB",
+            rss["service"] < 200 * MIB if rss.get("service") else None,
+            f"{rss.get('service', 0) / MIB:.0f} MB",
+        ),
+    ]
+    return {
+        "rows": rows,
+        "ratios": ratios,
+        "peak_rss_mb": {k: round(v / MIB, 1) for k, v in rss.items()},
+        "targets": [{"target": t, "pass": ok, "detail": d} for t, ok, d in targets],
+        "all_pass": all(ok is not False for _, ok, _ in targets),
+        "all_stored": all(stored),
+        "invalid_cells": [r for r in rows if r["wrapped"]],
+    }
+
+
+def _fmt(value: float | None, spec: str = ".2f", suffix: str = "x") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = [
+        "system             conns  ids     req/s    p50 ms   p99 ms  non-2xx  errors  stored",
+        "-----------------  -----  ------  -------  -------  -------  -------  ------  ------",
+    ]
+    for r in summary["rows"]:
+        stored = "-" if r["stored"] is None else ("ok" if r["stored"] else "MISSING")
+        lines.append(
+            f"{r['target']:<17}  {r['connections']:>5}  {r['mode']:<6}  {r['rps']:>7.0f}  "
+            f"{r['p50_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {r['non_2xx']:>7}  "
+            f"{r['socket_errors']:>6}  {stored:>6}"
+        )
+    lines += [
+        "",
+        "ratios (req/s)     conns  ids     generic/A  generic/B  std-webhooks/generic",
+        "-----------------  -----  ------  ---------  ---------  --------------------",
+    ]
+    for r in summary["ratios"]:
+        lines.append(
+            f"{'':<17}  {r['connections']:>5}  {r['mode']:<6}  {_fmt(r['generic/A']):>9}  "
+            f"{_fmt(r['generic/B']):>9}  {_fmt(r['std-webhooks/generic']):>20}"
+        )
+    rss = ", ".join(f"{k} {v:.0f} MB" for k, v in summary["peak_rss_mb"].items())
+    lines += ["", f"peak RSS: {rss}", "", "targets (issue 5):"]
+    for t in summary["targets"]:
+        verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]
+        lines.append(f"  {verdict}  {t['target']:<42} {t['detail']}")
+    if summary["invalid_cells"]:
+        lines.append("\nINVALID: some cells ran out of pre-generated requests; raise --max-rps")
+    return "\n".join(lines)

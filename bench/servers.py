@@ -1,0 +1,111 @@
+"""The receivers under test as child processes, and their memory while they run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class MemorySampler:
+    """Peak RSS of one process, sampled in a thread every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
+        self.process = psutil.Process(pid)
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return self.peak
+
+
+class Server:
+    """One uvicorn process: started, waited for (GET /healthz), sampled, stopped."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [*command, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = {**os.environ, **env}
+        self.log_path = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.memory: MemorySampler | None = None
+        self.peak_rss = 0
+
+    def __enter__(self) -> Server:
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited at start; see {self.log_path}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            self.process.kill()
+            raise RuntimeError(f"{self.name} did not answer /healthz; see {self.log_path}")
+        self.memory = MemorySampler(self.process.pid)
+        self.memory.start()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.memory is not None:
+            self.peak_rss = self.memory.stop()
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
