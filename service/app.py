@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from service.api import admin, health, ingest, metrics
 from service.core.config import Settings
@@ -71,6 +72,7 @@ def create_app(
             flushers=settings.ingest_flushers,
             max_queued=settings.ingest_max_queued,
             wait_timeout=settings.db_timeout_seconds * 2,
+            connect_timeout=settings.db_timeout_seconds,
         )
         app.state.inbox = AppState(
             settings=settings,
@@ -101,7 +103,7 @@ def create_app(
             await committer.close()
             await engine.dispose()
 
-    app = FastAPI(
+    app = InboxApp(
         title="webhook-inbox",
         version="0.1.0",
         description=DESCRIPTION,
@@ -119,6 +121,18 @@ def create_app(
     app.include_router(metrics.router)
     app.include_router(admin.router)
     return app
+
+
+class InboxApp(FastAPI):
+    """FastAPI, with the ingest hot path served before FastAPI's own layers (see
+    `service.api.ingest.serve_ingest`); every other request goes through FastAPI."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            state = getattr(self.state, "inbox", None)
+            if state is not None and await ingest.serve_ingest(state, scope, receive, send):
+                return
+        await super().__call__(scope, receive, send)
 
 
 def on_worker_done(task: asyncio.Task[None], stop: asyncio.Event, exit_process: bool) -> None:

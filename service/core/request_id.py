@@ -13,6 +13,17 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 _ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
+def request_id_of(scope: Scope) -> str:
+    """The sender's `X-Request-Id` when it is a sane token, else a new random id."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            text: str = value.decode("latin-1")
+            if _ACCEPTABLE.match(text):
+                return text
+            break
+    return uuid.uuid4().hex
+
+
 class RequestIdMiddleware:
     """Pure ASGI (no per-request Starlette objects) so it costs the hot path almost nothing."""
 
@@ -23,9 +34,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        offered = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
-        text = offered.decode("latin-1")
-        request_id = text if _ACCEPTABLE.match(text) else uuid.uuid4().hex
+        request_id = request_id_of(scope)
         token = REQUEST_ID.set(request_id)
 
         async def send_with_id(message: Message) -> None:

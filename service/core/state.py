@@ -31,7 +31,8 @@ class AppState:
     pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    # async: FastAPI runs a plain `def` dependency in a thread pool, a hop per request.
     state: AppState = request.app.state.inbox
     return state
 

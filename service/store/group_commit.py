@@ -14,7 +14,12 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.sources.base import Message, Recorded
-from service.store.errors import StoreOverloaded, StoreUnavailable, translate_errors
+from service.store.errors import (
+    StoreOverloaded,
+    StoreUnavailable,
+    is_unavailable,
+    translate_errors,
+)
 from service.store.ingest import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -84,8 +89,10 @@ class GroupCommitter:
         max_batch: int = 500,
         max_queued: int = 5000,
         wait_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
     ) -> None:
         self.engine = engine
+        self.connect_timeout = connect_timeout
         self.max_batch = max_batch
         self.max_queued = max_queued
         self.wait_timeout = wait_timeout
@@ -101,6 +108,22 @@ class GroupCommitter:
             asyncio.create_task(self._flush_loop(), name=f"group-commit-{i}")
             for i in range(self.flusher_count)
         ]
+
+    async def _connect(self) -> asyncpg.Connection:
+        """A connection of the flusher's own: no pool checkout and no pre-ping per batch.
+
+        A connection that fails is closed and replaced at the next batch, which is what a
+        pool's pre-ping would have done, without its round trips on every acknowledgement.
+        """
+        url = self.engine.url.set(drivername="postgresql")
+        connection: asyncpg.Connection = await asyncpg.connect(
+            url.render_as_string(hide_password=False),
+            timeout=self.connect_timeout,
+            # A hung server must not hold a flusher (and its batch's requests) forever.
+            command_timeout=max(self.connect_timeout * 6, 30),
+            server_settings={"application_name": "webhook-inbox ingest"},
+        )
+        return connection
 
     async def close(self) -> None:
         """Write what is queued, then stop the flushers."""
@@ -151,38 +174,58 @@ class GroupCommitter:
         return taken
 
     async def _flush_loop(self) -> None:
-        while True:
-            if not self._pending:
-                if self._closed:
-                    return
-                await self._wakeup.wait()
-                continue
-            batch = self._take_batch()
-            try:
-                results = await self._write(batch)
-            except Exception as exc:
-                failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(str(exc))
-                if not isinstance(exc, StoreUnavailable):
-                    log.exception("group commit failed", extra={"requests": len(batch)})
-                for entry in batch:
-                    if not entry.done.done():
-                        entry.done.set_exception(failure)
-                continue
-            for entry, recorded in zip(batch, results, strict=True):
-                if not entry.done.done():
-                    entry.done.set_result(recorded)
+        connection: asyncpg.Connection | None = None
+        try:
+            while True:
+                if not self._pending:
+                    if self._closed:
+                        return
+                    await self._wakeup.wait()
+                    continue
+                batch = self._take_batch()
+                try:
+                    if connection is None or connection.is_closed():
+                        async with translate_errors():
+                            connection = await self._connect()
+                    self._resolve(batch, await self._write(connection, batch))
+                except Exception as exc:
+                    if connection is not None and is_unavailable(exc):
+                        connection.terminate()
+                        connection = None
+                    self._fail(batch, exc)
+        finally:
+            if connection is not None:
+                connection.terminate()
 
-    async def _write(self, batch: list[_Entry]) -> list[list[Recorded]]:
+    @staticmethod
+    def _fail(batch: list[_Entry], exc: Exception) -> None:
+        """Fail every request of `batch`: none of its rows was committed."""
+        failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(str(exc))
+        if not isinstance(exc, StoreUnavailable):
+            log.error("group commit failed", exc_info=exc, extra={"requests": len(batch)})
+        for entry in batch:
+            if not entry.done.done():
+                entry.done.set_exception(failure)
+
+    @staticmethod
+    def _resolve(batch: list[_Entry], results: list[list[Recorded]]) -> None:
+        for entry, recorded in zip(batch, results, strict=True):
+            if not entry.done.done():
+                entry.done.set_result(recorded)
+
+    async def _write(self, pg: asyncpg.Connection, batch: list[_Entry]) -> list[list[Recorded]]:
         for attempt in range(3):
             try:
                 async with translate_errors():
-                    return await self._write_once(batch)
+                    return await self._write_once(pg, batch)
             except _RETRYABLE:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
-    async def _write_once(self, batch: list[_Entry]) -> list[list[Recorded]]:
+    async def _write_once(
+        self, pg: asyncpg.Connection, batch: list[_Entry]
+    ) -> list[list[Recorded]]:
         # The first occurrence of each key in the batch is the one that may be inserted;
         # the others are duplicates whatever the INSERT finds.
         first: dict[tuple[str, str], tuple[_Entry, Message]] = {}
@@ -206,25 +249,22 @@ class GroupCommitter:
             rows[4].append(entry.body if message.body is None else message.body)
             rows[5].append(message.content_type or entry.content_type)
 
-        async with self.engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            pg: asyncpg.Connection = raw.driver_connection
-            async with pg.transaction():
-                inserted = await pg.fetch(INSERT_BATCH, *rows)
-                ids = {(r["source"], r["message_id"]): int(r["id"]) for r in inserted}
-                for key in keys:
-                    if key not in ids:
-                        repeats[key] = repeats.get(key, 0) + 1
-                if repeats:
-                    dup_keys = sorted(repeats)
-                    await pg.execute(
-                        COUNT_REDELIVERIES,
-                        [k[0] for k in dup_keys],
-                        [k[1] for k in dup_keys],
-                        [repeats[k] for k in dup_keys],
-                    )
-                if ids:
-                    await pg.execute(NOTIFY)
+        async with pg.transaction():
+            inserted = await pg.fetch(INSERT_BATCH, *rows)
+            ids = {(r["source"], r["message_id"]): int(r["id"]) for r in inserted}
+            for key in keys:
+                if key not in ids:
+                    repeats[key] = repeats.get(key, 0) + 1
+            if repeats:
+                dup_keys = sorted(repeats)
+                await pg.execute(
+                    COUNT_REDELIVERIES,
+                    [k[0] for k in dup_keys],
+                    [k[1] for k in dup_keys],
+                    [repeats[k] for k in dup_keys],
+                )
+            if ids:
+                await pg.execute(NOTIFY)
 
         results: list[list[Recorded]] = []
         claimed: set[tuple[str, str]] = set()
