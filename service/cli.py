@@ -196,8 +196,6 @@ def serve(args: argparse.Namespace) -> None:
         "timeout_keep_alive": 5,
         # Beyond this many concurrent connections uvicorn answers 503 instead of queueing.
         "limit_concurrency": settings.max_connections,
-        # Request heads larger than this are refused (h11 only; httptools caps at 80 KiB).
-        "h11_max_incomplete_event_size": 64 * 1024,
         "timeout_graceful_shutdown": 30,
     }
     run_worker = not args.no_worker
