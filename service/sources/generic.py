@@ -5,11 +5,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from service.core.config import Secret, SourceConfig
 from service.sources.base import (
@@ -23,30 +22,17 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
+from service.sources.body_hmac import BodyHmacConfig, body_signature, check_body_hmac
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
 
-_DIGESTS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha512": hashlib.sha512}
 
-
-class HmacConfig(BaseModel):
-    """`[sources.X.hmac]`: the header carrying an HMAC of the raw body, and how it is written."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    header: str = Field(min_length=1)
-    algorithm: Literal["sha1", "sha256", "sha512"] = "sha256"
-    encoding: Literal["hex", "base64"] = "hex"
-    prefix: str = ""
-
-
-class GenericConfig(SourceConfig):
+class GenericConfig(BodyHmacConfig):
     id_header: str | None = None
     id_json_pointer: str | None = None
     id_fallback: Literal["body-sha256"] | None = None
     event_type_header: str | None = None
     event_type_json_pointer: str | None = None
     basic_auth: Secret | None = None
-    hmac: HmacConfig | None = None
 
     @field_validator("id_json_pointer", "event_type_json_pointer")
     @classmethod
@@ -66,10 +52,6 @@ class GenericConfig(SourceConfig):
             raise ValueError(
                 "generic needs id_header, id_json_pointer or id_fallback = 'body-sha256'"
             )
-        if self.hmac is not None and not self.secrets:
-            raise ValueError("hmac needs at least one entry in secrets")
-        if self.secrets and self.hmac is None:
-            raise ValueError("secrets are only used with [hmac]; add an hmac table")
         return self
 
 
@@ -84,15 +66,14 @@ class GenericSource(Source):
         self.generic = config
 
     def is_sensitive_header(self, name: str) -> bool:
-        hmac_header = self.generic.hmac.header if self.generic.hmac else None
-        return super().is_sensitive_header(name) or name.lower() == (hmac_header or "").lower()
+        return super().is_sensitive_header(name) or self.generic.is_hmac_header(name)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         config = self.generic
         if config.basic_auth is not None:
             self._check_basic_auth(delivery, config.basic_auth.get_secret_value())
         if config.hmac is not None:
-            self._check_hmac(delivery, config.hmac)
+            check_body_hmac(delivery, config.hmac, config.secret_values())
 
         needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
         payload: Any = None
@@ -139,27 +120,6 @@ class GenericSource(Source):
         if not constant_time_equal(offered, expected.encode()):
             raise Unauthenticated("Basic credentials do not match")
 
-    def _check_hmac(self, delivery: RawDelivery, spec: HmacConfig) -> None:
-        header = delivery.headers.get(spec.header)
-        if not header:
-            raise Unauthenticated(f"missing {spec.header} header")
-        if not header.startswith(spec.prefix):
-            raise Unauthenticated(f"{spec.header} does not start with {spec.prefix!r}")
-        offered = header[len(spec.prefix) :].strip()
-        if spec.encoding == "hex":
-            offered = offered.lower()
-        if not any(
-            constant_time_equal(self.signature(key, delivery.body, spec), offered)
-            for key in self.config.secret_values()
-        ):
-            raise Unauthenticated(f"{spec.header} does not match a configured secret")
-
-    @staticmethod
-    def signature(key: bytes, body: bytes, spec: HmacConfig) -> str:
-        """The signature text (without prefix) a sender computes over `body`."""
-        digest = hmac.new(key, body, _DIGESTS[spec.algorithm]).digest()
-        return digest.hex() if spec.encoding == "hex" else base64.b64encode(digest).decode()
-
     def example_curl(self, base_url: str) -> str | None:
         config = self.generic
         body = {"id": "evt_demo_1", "type": "demo.created", "data": {"hello": "world"}}
@@ -170,7 +130,7 @@ class GenericSource(Source):
         if config.event_type_header:
             headers.append(f"-H '{config.event_type_header}: demo.created'")
         if config.hmac is not None:
-            sig = self.signature(config.secret_values()[0], raw, config.hmac)
+            sig = body_signature(config.secret_values()[0], raw, config.hmac)
             headers.append(f"-H '{config.hmac.header}: {config.hmac.prefix}{sig}'")
         if config.basic_auth is not None or config.token is not None:
             return None  # would print a credential on the console

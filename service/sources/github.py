@@ -6,8 +6,6 @@ import json
 from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
-from pydantic import model_validator
-
 from service.core.config import SourceConfig
 from service.sources.base import (
     BadDelivery,
@@ -21,7 +19,7 @@ from service.sources.base import (
     constant_time_equal,
     parse_json,
 )
-from service.sources.signing import hmac_sha256, require_secrets
+from service.sources.signing import SignedSourceConfig, hmac_sha256
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 DELIVERY_HEADER = "X-GitHub-Delivery"
@@ -35,17 +33,9 @@ def github_signature(secret: bytes, body: bytes) -> str:
     return PREFIX + hmac_sha256(secret, body).hex()
 
 
-class GitHubConfig(SourceConfig):
-    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
-    @model_validator(mode="after")
-    def _has_secret(self) -> GitHubConfig:
-        require_secrets("github", self.secrets)
-        return self
-
-
 class GitHubSource(Source):
     kind = "github"
-    config_model: ClassVar[type[SourceConfig]] = GitHubConfig
+    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-hub-signature-256", "x-hub-signature"})
     # GitHub never redelivers on its own, but a person or script may redeliver a delivery (same
     # X-GitHub-Delivery) from the past 3 days on github.com and 7 days on Enterprise Server

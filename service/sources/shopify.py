@@ -7,8 +7,6 @@ import binascii
 import json
 from typing import ClassVar
 
-from pydantic import model_validator
-
 from service.core.config import SourceConfig
 from service.sources.base import (
     Message,
@@ -19,7 +17,7 @@ from service.sources.base import (
     checked_message_id,
     constant_time_equal,
 )
-from service.sources.signing import hmac_sha256, require_secrets
+from service.sources.signing import SignedSourceConfig, hmac_sha256
 
 SIGNATURE_HEADER = "X-Shopify-Hmac-Sha256"
 ID_HEADER = "X-Shopify-Webhook-Id"
@@ -31,17 +29,9 @@ def shopify_signature(secret: bytes, body: bytes) -> str:
     return base64.b64encode(hmac_sha256(secret, body)).decode()
 
 
-class ShopifyConfig(SourceConfig):
-    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
-    @model_validator(mode="after")
-    def _has_secret(self) -> ShopifyConfig:
-        require_secrets("shopify", self.secrets)
-        return self
-
-
 class ShopifySource(Source):
     kind = "shopify"
-    config_model: ClassVar[type[SourceConfig]] = ShopifyConfig
+    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-shopify-hmac-sha256"})
     # Since 2024-09 Shopify retries "8 times over 4 hours" (shopify.dev changelog "Updates to
     # webhook retry mechanism"); a day leaves room for a delivery that is itself slow to arrive.

@@ -6,8 +6,9 @@ import hashlib
 import hmac
 import time
 
-from pydantic import SecretStr
+from pydantic import model_validator
 
+from service.core.config import SourceConfig
 from service.sources.base import Unauthenticated
 
 
@@ -20,10 +21,16 @@ def hmac_sha256(key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
-def require_secrets(kind: str, secrets: list[SecretStr]) -> None:
-    """A signed kind cannot verify anything without a key: refuse to start instead."""
-    if not secrets:
-        raise ValueError(f"{kind} needs at least one entry in secrets")
+class SignedSourceConfig(SourceConfig):
+    """The config of a kind that signs with a shared secret: at least one is required."""
+
+    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
+    @model_validator(mode="after")
+    def _has_secret(self) -> SignedSourceConfig:
+        # A signed kind cannot verify anything without a key: refuse to start instead.
+        if not self.secrets:
+            raise ValueError(f"{self.kind} needs at least one entry in secrets")
+        return self
 
 
 def check_timestamp(text: str, header: str, tolerance_seconds: int) -> None:

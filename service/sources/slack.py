@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from pydantic import model_validator
-
 from service.core.config import SourceConfig
 from service.sources.base import (
     BadDelivery,
@@ -21,7 +19,7 @@ from service.sources.base import (
     constant_time_equal,
     parse_json,
 )
-from service.sources.signing import check_timestamp, hmac_sha256, now, require_secrets
+from service.sources.signing import SignedSourceConfig, check_timestamp, hmac_sha256, now
 
 SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
@@ -34,17 +32,9 @@ def slack_signature(secret: bytes, timestamp: str, body: bytes) -> str:
     return f"{VERSION}=" + hmac_sha256(secret, base).hex()
 
 
-class SlackConfig(SourceConfig):
-    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
-    @model_validator(mode="after")
-    def _has_secret(self) -> SlackConfig:
-        require_secrets("slack", self.secrets)
-        return self
-
-
 class SlackSource(Source):
     kind = "slack"
-    config_model: ClassVar[type[SourceConfig]] = SlackConfig
+    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-slack-signature"})
     # Slack retries a failed event 3 times: at once, after 1 minute, after 5 minutes
     # (api.slack.com/apis/events-api#retries). A day is the smallest window worth configuring.

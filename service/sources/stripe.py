@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from pydantic import model_validator
-
 from service.core.config import SourceConfig
 from service.sources.base import (
     Message,
@@ -19,7 +17,7 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
-from service.sources.signing import check_timestamp, hmac_sha256, now, require_secrets
+from service.sources.signing import SignedSourceConfig, check_timestamp, hmac_sha256, now
 
 HEADER = "Stripe-Signature"
 # Only v1 is Stripe's live scheme; v0 (and any future scheme) is ignored, as stripe-python does.
@@ -50,17 +48,9 @@ def parse_signature_header(header: str) -> tuple[int, list[str]]:
     return int(timestamps[0]), signatures
 
 
-class StripeConfig(SourceConfig):
-    # A model validator, not a field one: pydantic skips field validators on a defaulted field.
-    @model_validator(mode="after")
-    def _has_secret(self) -> StripeConfig:
-        require_secrets("stripe", self.secrets)
-        return self
-
-
 class StripeSource(Source):
     kind = "stripe"
-    config_model: ClassVar[type[SourceConfig]] = StripeConfig
+    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"stripe-signature"})
     # "Stripe attempts to deliver events to your destination for up to three days with an
     # exponential back off" (docs.stripe.com/webhooks, live mode).
