@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Annotated, Any
 
@@ -26,7 +26,7 @@ from service.api.admin.models import (
 )
 from service.core.cursor import CursorError, Position, decode_cursor, encode_cursor
 from service.core.problems import ProblemError, problem_responses
-from service.core.security import AdminDep
+from service.core.security import Admin, AdminDep
 from service.core.state import AppState, StateDep
 from service.store import admin as store
 from service.store.admin import MessageFilter
@@ -181,17 +181,7 @@ async def retry_message(
     force = request.force if request is not None else False
     with store_errors():
         row, action = await store.retry_message(state.engine, id, admin.actor, force)
-    state.metrics.admin_actions.labels(action).inc()
-    log.info(
-        action,
-        extra={
-            "actor": admin.actor,
-            "id": id,
-            "source": row["source"],
-            "message_id": row["message_id"],
-        },
-    )
-    return RetryResult.model_validate({**row, "attempt_count": row["attempts"], "action": action})
+    return acted(state, admin, action, row)
 
 
 @router.post(
@@ -201,14 +191,18 @@ async def discard_message(state: StateDep, admin: AdminDep, id: MessageIdPath) -
     """Set a message aside as discarded; its dedup row stays, so redeliveries stay duplicates."""
     with store_errors():
         row, changed = await store.discard_message(state.engine, id, admin.actor)
-    action = store.ADMIN_DISCARD if changed else "none"
-    if changed:
+    return acted(state, admin, store.ADMIN_DISCARD if changed else "none", row)
+
+
+def acted(state: AppState, admin: Admin, action: str, row: Mapping[str, Any]) -> RetryResult:
+    """Count and log an admin action on one message (unless it was "none"), and answer it."""
+    if action != "none":
         state.metrics.admin_actions.labels(action).inc()
         log.info(
             action,
             extra={
                 "actor": admin.actor,
-                "id": id,
+                "id": row["id"],
                 "source": row["source"],
                 "message_id": row["message_id"],
             },
