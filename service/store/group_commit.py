@@ -64,12 +64,6 @@ class _Entry:
     )
 
 
-def _consume(future: asyncio.Future[list[Recorded]]) -> None:
-    """Retrieve an abandoned future's exception, so asyncio does not warn about it."""
-    if not future.cancelled():
-        future.exception()
-
-
 class GroupCommitter:
     """Writes the deliveries of concurrent requests in shared transactions.
 
@@ -150,11 +144,11 @@ class GroupCommitter:
         self._waiting += len(messages)
         self._wakeup.set()
         try:
-            # shield: a request that gives up must not cancel the batch it is part of. Its rows
-            # may still commit; the sender's retry then finds them as duplicates.
-            return await asyncio.wait_for(asyncio.shield(entry.done), self.wait_timeout)
+            # A request that gives up cancels only its own future: the flusher skips it, and
+            # its rows may still commit with the batch (the sender's retry is a duplicate).
+            async with asyncio.timeout(self.wait_timeout):
+                return await entry.done
         except TimeoutError:
-            entry.done.add_done_callback(_consume)
             raise StoreUnavailable("the database did not commit in time") from None
         finally:
             self._waiting -= len(messages)
