@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from bench.handlers import EFFECTS_DDL
 from bench.ingest import RESULTS_DIR, console_script
 from bench.load import BODY_TEMPLATE
 from bench.pg import BenchPostgres
+from bench.profile import analyse, find_py_spy
 from bench.servers import MemorySampler, Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 5,000 messages, 5 s of load"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record the first worker under py-spy (PY_SPY or on PATH) during each drain and "
+        "print where its time goes",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -186,6 +194,17 @@ async def drain_span(url: str, committed: float) -> dict[str, float]:
         await conn.close()
 
 
+def start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    record = ["record", "--pid", str(pid), "--function", "--nonblocking", "--rate", "200"]
+    spy = subprocess.Popen(
+        [find_py_spy(), *record, "--format", "raw", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # let py-spy attach before the backlog arrives
+    return spy
+
+
 @dataclass
 class DrainRun:
     workers: int
@@ -198,7 +217,9 @@ class DrainRun:
     verified: dict[str, Any]
 
 
-def run_drain(url: str, env: dict[str, str], work: Path, workers: int, messages: int) -> DrainRun:
+def run_drain(
+    url: str, env: dict[str, str], work: Path, workers: int, messages: int, profile: bool = False
+) -> DrainRun:
     asyncio.run(prepare(url))
     command = [*console_script("webhook-inbox"), "worker"]
     log = (work / f"worker-{workers}.log").open("ab")
@@ -211,12 +232,17 @@ def run_drain(url: str, env: dict[str, str], work: Path, workers: int, messages:
         asyncio.run(wait_for_listeners(url, workers))
         for sampler in samplers:
             sampler.start()
+        spy = start_py_spy(procs[0].pid, work / f"profile-{workers}.txt") if profile else None
         cpu_before = [sum(s.process.cpu_times()[:2]) for s in samplers]
         committed = asyncio.run(insert_backlog(url, messages, f"drain{workers}-"))
         drained = asyncio.run(wait_drained(url, timeout=600))
         cpu = [
             sum(s.process.cpu_times()[:2]) - b for s, b in zip(samplers, cpu_before, strict=True)
         ]
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+            print(analyse(work / f"profile-{workers}.txt"), flush=True)
         if not drained:
             raise RuntimeError(f"{workers} worker(s) did not drain the backlog in 600 s")
         span = asyncio.run(drain_span(url, committed))
@@ -425,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"draining {args.messages} messages with {workers} worker process(es)", flush=True
             )
-            drains.append(run_drain(url, env, work, workers, args.messages))
+            drains.append(run_drain(url, env, work, workers, args.messages, args.profile))
             print(f"  {drains[-1].rate:.0f} msgs/s", flush=True)
         latency = None
         if not args.skip_latency:
