@@ -44,20 +44,31 @@ class Stats:
     error_samples: list[str] = field(default_factory=list)
 
 
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+# Below uvicorn's keep-alive timeout (`webhook-inbox serve`: 5 s): a connection idle longer
+# is closed here rather than found closed by the server when it is used.
+MAX_IDLE_SECONDS = 3.0
+
+
 class Pool:
     """Keep-alive connections to one host; a request takes an idle one or opens another."""
 
     def __init__(self, host: str, port: int, limit: int) -> None:
         self.host, self.port, self.limit = host, port, limit
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.idle: list[tuple[Conn, float]] = []
         self.open = 0
         self.peak = 0
         self.freed = asyncio.Condition()
 
-    async def acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def acquire(self, fresh: bool = False) -> Conn:
         while True:
-            if self.idle:
-                return self.idle.pop()
+            while self.idle and not fresh:
+                conn, since = self.idle.pop()
+                if time.monotonic() - since < MAX_IDLE_SECONDS:
+                    return conn
+                self.open -= 1
+                conn[1].close()
             if self.open < self.limit:
                 self.open += 1
                 self.peak = max(self.peak, self.open)
@@ -69,11 +80,9 @@ class Pool:
             async with self.freed:
                 await self.freed.wait()
 
-    async def release(
-        self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], reusable: bool
-    ) -> None:
+    async def release(self, conn: Conn, reusable: bool) -> None:
         if reusable:
-            self.idle.append(conn)
+            self.idle.append((conn, time.monotonic()))
         else:
             self.open -= 1
             conn[1].close()
@@ -81,14 +90,27 @@ class Pool:
             self.freed.notify()
 
     def close(self) -> None:
-        for _, writer in self.idle:
+        for (_, writer), _ in self.idle:
             writer.close()
 
 
-async def post(
-    pool: Pool, request: bytes
-) -> tuple[int, float]:  # status, seconds from acquire to written
-    conn = await pool.acquire()
+async def post(pool: Pool, request: bytes) -> tuple[int, float]:
+    """Status and when the request was written. A kept-alive connection the server closed
+    meanwhile (its keep-alive timeout) fails before any byte of an answer: then the request
+    goes again on a fresh connection, as HTTP clients do; the server never saw it."""
+    for attempt in range(3):
+        conn = await pool.acquire(fresh=attempt > 0)
+        try:
+            return await exchange(pool, conn, request)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise
+        except ConnectionResetError:
+            pass
+    raise ConnectionError("the server closed three connections without answering")
+
+
+async def exchange(pool: Pool, conn: Conn, request: bytes) -> tuple[int, float]:
     reader, writer = conn
     reusable = False
     try:
