@@ -68,7 +68,9 @@ async def run_handlers(
             # The handler caught the error its commit() raised; its effects are still not ours
             # to keep, since it believed they were committed on their own.
             raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
-        await session.commit()  # flushes only: the session joined the batch's transaction
+        # Flush, not commit: joined "rollback_only", a commit would only flush too, and then
+        # end the session's transaction for the next message to begin again.
+        await session.flush()
         savepoints.release()  # kept by the batch's COMMIT
     except Exception as exc:
         # This message's effects only; close() forgets the session's state and, joined as
