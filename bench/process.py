@@ -219,11 +219,18 @@ class DrainRun:
     first_claim_ms: float
     peak_rss_mb: list[float]
     cpu_seconds: list[float]
+    pg_cpu_seconds: float | None
     verified: dict[str, Any]
 
 
 def run_drain(
-    url: str, env: dict[str, str], work: Path, workers: int, messages: int, profile: bool = False
+    pg: BenchPostgres,
+    url: str,
+    env: dict[str, str],
+    work: Path,
+    workers: int,
+    messages: int,
+    profile: bool = False,
 ) -> DrainRun:
     asyncio.run(prepare(url))
     command = [*console_script("webhook-inbox"), "worker"]
@@ -239,11 +246,13 @@ def run_drain(
             sampler.start()
         spy = start_py_spy(procs[0].pid, work / f"profile-{workers}.txt") if profile else None
         cpu_before = [sum(s.process.cpu_times()[:2]) for s in samplers]
+        pg_before = pg.cpu_seconds()
         committed = asyncio.run(insert_backlog(url, messages, f"drain{workers}-"))
         drained = asyncio.run(wait_drained(url, timeout=600))
         cpu = [
             sum(s.process.cpu_times()[:2]) - b for s, b in zip(samplers, cpu_before, strict=True)
         ]
+        pg_after = pg.cpu_seconds()
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
@@ -271,6 +280,7 @@ def run_drain(
         first_claim_ms=(span["first_claim"] - committed) * 1000,
         peak_rss_mb=[p / 2**20 for p in peaks],
         cpu_seconds=cpu,
+        pg_cpu_seconds=None if pg_before is None or pg_after is None else pg_after - pg_before,
         verified=verified,
     )
 
@@ -371,14 +381,17 @@ async def stored_ids(url: str, prefix: str) -> set[str]:
 
 def render(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
     lines = [
-        "drain   messages  seconds   msgs/s  first claim  worker CPU s  peak RSS MB  exactly-once",
-        "------  --------  -------  -------  -----------  ------------  -----------  ------------",
+        "drain   messages  seconds   msgs/s  first claim  worker CPU s  postgres CPU s  "
+        "peak RSS MB  exactly-once",
+        "------  --------  -------  -------  -----------  ------------  --------------  "
+        "-----------  ------------",
     ]
     for d in drains:
         lines.append(
             f"{d.workers} proc{'s' if d.workers > 1 else ' '} {d.messages:>9}  {d.seconds:>7.2f}"
             f"  {d.rate:>7.0f}  {d.first_claim_ms:>8.0f} ms"
             f"  {'+'.join(f'{c:.1f}' for c in d.cpu_seconds):>12}"
+            f"  {'-' if d.pg_cpu_seconds is None else f'{d.pg_cpu_seconds:.1f}':>14}"
             f"  {'/'.join(f'{r:.0f}' for r in d.peak_rss_mb):>11}"
             f"  {'ok' if d.verified['exactly_once'] else 'FAIL ' + str(d.verified)}"
         )
@@ -462,7 +475,7 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"draining {args.messages} messages with {workers} worker process(es)", flush=True
             )
-            drains.append(run_drain(url, env, work, workers, args.messages, args.profile))
+            drains.append(run_drain(pg, url, env, work, workers, args.messages, args.profile))
             print(f"  {drains[-1].rate:.0f} msgs/s", flush=True)
         latencies = []
         for rate in [] if args.skip_latency else args.rates:
