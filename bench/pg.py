@@ -64,6 +64,26 @@ class BenchPostgres:
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
 
+    def cpu_seconds(self) -> float | None:
+        """User+system CPU of the embedded server's processes so far (None: not embedded).
+
+        Backends that already exited are not counted: read it while the clients are connected.
+        """
+        if self._root is None:
+            return None
+        import psutil
+
+        pid = int((self._root / "pgdata" / "postmaster.pid").read_text().split()[0])
+        postmaster = psutil.Process(pid)
+        total = 0.0
+        for proc in [postmaster, *postmaster.children()]:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        return total
+
     async def create_database(self, prefix: str) -> str:
         """A new empty database; returns its URL."""
         name = f"{prefix}_{uuid.uuid4().hex[:8]}"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from service.processing.api import HandlerCommitError, HandlerContext, HandlerSession, InboxMessage
 from service.processing.pipeline import Pipeline
 from service.processing.policy import classify_failure
-from service.store.processing import AttemptResult, MessageRow
+from service.store.processing import AttemptResult, MessageRow, MessageSavepoints
 
 log = logging.getLogger("service.processing")
 
@@ -32,12 +32,14 @@ def no_handler_note(event_type: str | None) -> str:
 
 
 async def run_handlers(
-    session: HandlerSession, pipeline: Pipeline, row: MessageRow
+    session: HandlerSession, savepoints: MessageSavepoints, pipeline: Pipeline, row: MessageRow
 ) -> tuple[AttemptResult, BaseException | None]:
-    """Run every matching handler; keep their effects (savepoint released) or undo them.
+    """Run every matching handler in a savepoint; keep their effects (released) or undo them.
 
     Returns the attempt's result and, for a failure, the exception. Exceptions that are not
-    `Exception` (cancellation) propagate and take the whole transaction with them.
+    `Exception` (cancellation) propagate and take the whole transaction with them. The
+    release or rollback is only queued on `savepoints`: the caller's next `begin()` or
+    `flush()` sends it, before anything else runs on the connection.
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
@@ -54,6 +56,7 @@ async def run_handlers(
         ), None
     message = inbox_message(row, attempt)
     ctx = HandlerContext(session)
+    await savepoints.begin()
     try:
         session._handler_running = True
         try:
@@ -65,9 +68,15 @@ async def run_handlers(
             # The handler caught the error its commit() raised; its effects are still not ours
             # to keep, since it believed they were committed on their own.
             raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
-        await session.commit()  # flushes, then RELEASE SAVEPOINT: kept by the batch's COMMIT
+        # Flush, not commit: joined "rollback_only", a commit would only flush too, and then
+        # end the session's transaction for the next message to begin again.
+        await session.flush()
+        savepoints.release()  # kept by the batch's COMMIT
     except Exception as exc:
-        await session.rollback()  # ROLLBACK TO SAVEPOINT: this message's effects only
+        # This message's effects only; close() forgets the session's state and, joined as
+        # "rollback_only", does not touch the batch's transaction.
+        savepoints.rollback()
+        await session.close()
         failure = classify_failure(exc, attempt, pipeline.config)
         log.warning(
             "handler failed",

@@ -11,7 +11,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from service.processing.api import RetryLater
 from service.processing.pipeline import Pipeline
 from service.processing.runner import run_handlers
-from service.store.processing import MessageRow, finish_attempts, handler_session
+from service.store.processing import (
+    MessageRow,
+    finish_attempts,
+    handler_session,
+    message_savepoints,
+)
 
 SYNC_ACTOR = f"sync:{socket.gethostname()}:{os.getpid()}"
 
@@ -34,14 +39,16 @@ class SyncProcessor:
 
     async def __call__(self, conn: AsyncConnection, rows: Sequence[MessageRow]) -> None:
         session = handler_session(conn)
+        savepoints = await message_savepoints(conn)
         try:
             results = []
             for row in rows:
-                result, exc = await run_handlers(session, self.pipeline, row)
+                result, exc = await run_handlers(session, savepoints, self.pipeline, row)
                 if exc is not None:
                     retry_after = exc.after_seconds if isinstance(exc, RetryLater) else None
                     raise HandlerFailed(row.source, row.message_id, retry_after) from exc
                 results.append(result)
+            await savepoints.flush()
             await finish_attempts(conn, results, SYNC_ACTOR)
         finally:
             await session.close()

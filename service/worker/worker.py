@@ -32,6 +32,7 @@ from service.store.processing import (
     expired_leases,
     finish_attempts,
     lease,
+    message_savepoints,
     record_results,
     short_transaction,
 )
@@ -209,13 +210,15 @@ class Worker:
             if not rows:
                 return 0
             results: list[AttemptResult] = []
+            savepoints = await message_savepoints(batch.conn)
             for row in rows:
                 pipeline = self.pipelines[row.source]
                 if pipeline.forward is not None:
                     forwards.append(row)
                     continue
-                result, _ = await run_handlers(batch.session, pipeline, row)
+                result, _ = await run_handlers(batch.session, savepoints, pipeline, row)
                 results.append(result)
+            await savepoints.flush()
             await lease(
                 batch.conn,
                 [

@@ -1,0 +1,512 @@
+"""bench/process: how fast the worker drains a backlog, and accept-to-processed latency.
+
+Run `bench/process` (or `bench/process --quick`); see bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import psutil
+
+from bench.handlers import EFFECTS_DDL
+from bench.ingest import RESULTS_DIR, console_script
+from bench.load import BODY_TEMPLATE
+from bench.pg import BenchPostgres
+from bench.profile import analyse, find_py_spy
+from bench.servers import MemorySampler, Server
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SOURCES_TOML = """
+# bench/process: a generic source whose one handler inserts a row per message.
+[sources.bench]
+kind = "generic"
+id_header = "X-Message-Id"
+handlers = ["bench.handlers:insert_row"]
+"""
+
+# 20,000 pending messages in one statement, the way ingest would have stored them (a JSON body
+# of the usual size, its headers), then one NOTIFY as ingest sends per batch.
+INSERT_BACKLOG = """
+INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type)
+SELECT 'bench', $1 || g, 'invoice.paid',
+       '{"content-type": "application/json"}'::jsonb,
+       convert_to(replace($2, '{id}', $1 || g), 'UTF8'), 'application/json'
+  FROM generate_series(1, $3) AS g
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench/process",
+        description="Drain a backlog with one and with two `webhook-inbox worker` processes, "
+        "then measure accept-to-processed latency under an open-loop load on "
+        "`webhook-inbox serve`, on PostgreSQL (DATABASE_URL, else embedded).",
+    )
+    parser.add_argument("--messages", type=int, default=20_000, help="backlog size (20000)")
+    parser.add_argument("--workers", default="1,2", help="worker process counts to run (1,2)")
+    parser.add_argument(
+        "--rates",
+        default="1000,300",
+        help="offered deliveries/s, one latency run (fresh server) each (1000,300)",
+    )
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load (20)")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load first (3)")
+    parser.add_argument("--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL")
+    parser.add_argument(
+        "--skip-latency", action="store_true", help="only the drain runs, no latency run"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 5,000 messages, 5 s of load"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record the first worker under py-spy (PY_SPY or on PATH) during each drain and "
+        "print where its time goes",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.messages, args.duration, args.warmup = 5_000, 5.0, 1.0
+    args.workers = [int(w) for w in args.workers.split(",") if w]
+    args.rates = [float(r) for r in args.rates.split(",") if r]
+    return args
+
+
+def service_env(url: str, work: Path, log_level: str) -> dict[str, str]:
+    config = work / "sources.toml"
+    config.write_text(SOURCES_TOML)
+    return {
+        "DATABASE_URL": url,
+        "INBOX_CONFIG": str(config),
+        "INBOX_DATA_DIR": str(work / "inbox-data"),
+        "INBOX_ADMIN_TOKENS": secrets.token_hex(16),
+        "INBOX_LOG_LEVEL": log_level,
+    }
+
+
+async def prepare(url: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(EFFECTS_DDL)
+        await conn.execute("TRUNCATE inbox_messages, bench_effects CASCADE")
+    finally:
+        await conn.close()
+
+
+async def wait_for_listeners(url: str, count: int, timeout: float = 60.0) -> None:
+    """Until `count` workers LISTEN: each claim loop has looked once, and NOTIFY reaches them."""
+    conn = await asyncpg.connect(url)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            n = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = 'webhook-inbox-listener' AND datname = current_database()"
+            )
+            if n >= count:
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"{count} worker listeners did not connect in {timeout:g}s")
+    finally:
+        await conn.close()
+
+
+async def insert_backlog(url: str, messages: int, prefix: str) -> float:
+    """Insert and commit the backlog, NOTIFY; the database clock at commit (epoch seconds)."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute(INSERT_BACKLOG, prefix, BODY_TEMPLATE, messages)
+            await conn.execute("NOTIFY webhook_inbox")
+        committed = float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
+        return committed
+    finally:
+        await conn.close()
+
+
+async def wait_drained(url: str, timeout: float) -> bool:
+    conn = await asyncpg.connect(url)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = await conn.fetchval(
+                "SELECT count(*) FROM inbox_messages "
+                "WHERE status IN ('pending', 'retrying', 'processing')"
+            )
+            if left == 0:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+    finally:
+        await conn.close()
+
+
+async def verify(url: str, expected: int) -> dict[str, Any]:
+    """Each message processed, and exactly one effect row per message."""
+    conn = await asyncpg.connect(url)
+    try:
+        row = await conn.fetchrow(
+            """
+            SELECT (SELECT count(*) FROM inbox_messages) AS messages,
+                   (SELECT count(*) FROM inbox_messages WHERE status = 'processed') AS processed,
+                   (SELECT count(*) FROM bench_effects) AS effects,
+                   (SELECT count(DISTINCT inbox_id) FROM bench_effects) AS distinct_effects,
+                   (SELECT count(*) FROM inbox_messages m
+                     WHERE NOT EXISTS (SELECT 1 FROM bench_effects e WHERE e.inbox_id = m.id))
+                       AS without_effect,
+                   (SELECT count(*) FROM inbox_attempts) AS attempts
+            """
+        )
+        facts = dict(row)
+        facts["exactly_once"] = (
+            facts["messages"] == expected
+            and facts["processed"] == expected
+            and facts["effects"] == expected
+            and facts["distinct_effects"] == expected
+            and facts["without_effect"] == 0
+        )
+        return facts
+    finally:
+        await conn.close()
+
+
+async def drain_span(url: str, committed: float) -> dict[str, float]:
+    """From the backlog's commit to the last processed mark, by the database's clock."""
+    conn = await asyncpg.connect(url)
+    try:
+        row = await conn.fetchrow(
+            "SELECT extract(epoch FROM max(processed_at)) AS last, "
+            "extract(epoch FROM min(a.started_at)) AS first "
+            "FROM inbox_messages m JOIN inbox_attempts a ON a.message_id = m.id"
+        )
+        return {"last": float(row["last"]), "first_claim": float(row["first"])}
+    finally:
+        await conn.close()
+
+
+def start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    record = ["record", "--pid", str(pid), "--function", "--nonblocking", "--rate", "200"]
+    spy = subprocess.Popen(
+        [find_py_spy(), *record, "--format", "raw", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # let py-spy attach before the backlog arrives
+    return spy
+
+
+@dataclass
+class DrainRun:
+    workers: int
+    messages: int
+    seconds: float
+    rate: float
+    first_claim_ms: float
+    peak_rss_mb: list[float]
+    cpu_seconds: list[float]
+    pg_cpu_seconds: float | None
+    verified: dict[str, Any]
+
+
+def run_drain(
+    pg: BenchPostgres,
+    url: str,
+    env: dict[str, str],
+    work: Path,
+    workers: int,
+    messages: int,
+    profile: bool = False,
+) -> DrainRun:
+    asyncio.run(prepare(url))
+    command = [*console_script("webhook-inbox"), "worker"]
+    log = (work / f"worker-{workers}.log").open("ab")
+    procs = [
+        subprocess.Popen(command, env={**os.environ, **env}, cwd=ROOT, stdout=log, stderr=log)
+        for _ in range(workers)
+    ]
+    samplers = [MemorySampler(p.pid) for p in procs]
+    try:
+        asyncio.run(wait_for_listeners(url, workers))
+        for sampler in samplers:
+            sampler.start()
+        spy = start_py_spy(procs[0].pid, work / f"profile-{workers}.txt") if profile else None
+        cpu_before = [sum(s.process.cpu_times()[:2]) for s in samplers]
+        pg_before = pg.cpu_seconds()
+        committed = asyncio.run(insert_backlog(url, messages, f"drain{workers}-"))
+        drained = asyncio.run(wait_drained(url, timeout=600))
+        cpu = [
+            sum(s.process.cpu_times()[:2]) - b for s, b in zip(samplers, cpu_before, strict=True)
+        ]
+        pg_after = pg.cpu_seconds()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+            print(analyse(work / f"profile-{workers}.txt"), flush=True)
+        if not drained:
+            raise RuntimeError(f"{workers} worker(s) did not drain the backlog in 600 s")
+        span = asyncio.run(drain_span(url, committed))
+        verified = asyncio.run(verify(url, messages))
+    finally:
+        peaks = [s.stop() for s in samplers]
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+    seconds = span["last"] - committed
+    return DrainRun(
+        workers=workers,
+        messages=messages,
+        seconds=seconds,
+        rate=messages / seconds,
+        first_claim_ms=(span["first_claim"] - committed) * 1000,
+        peak_rss_mb=[p / 2**20 for p in peaks],
+        cpu_seconds=cpu,
+        pg_cpu_seconds=None if pg_before is None or pg_after is None else pg_after - pg_before,
+        verified=verified,
+    )
+
+
+async def latency_facts(url: str, prefix: str) -> dict[str, Any]:
+    conn = await asyncpg.connect(url)
+    try:
+        row = await conn.fetchrow(
+            """
+            SELECT count(*) AS n,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY e.at - m.received_at) AS e50,
+                   percentile_cont(0.9) WITHIN GROUP (ORDER BY e.at - m.received_at) AS e90,
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY e.at - m.received_at) AS e99,
+                   max(e.at - m.received_at) AS emax,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY m.processed_at - m.received_at)
+                       AS p50,
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY m.processed_at - m.received_at)
+                       AS p99
+              FROM inbox_messages m JOIN bench_effects e ON e.inbox_id = m.id
+             WHERE m.message_id LIKE $1 || '%'
+            """,
+            prefix,
+        )
+        return {
+            "n": row["n"],
+            **{
+                k: round(row[k].total_seconds() * 1000, 1) if row[k] is not None else None
+                for k in ("e50", "e90", "e99", "emax", "p50", "p99")
+            },
+        }
+    finally:
+        await conn.close()
+
+
+def openloop(url: str, rate: float, duration: float, prefix: str, acked: Path) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "bench.openloop",
+        "--url",
+        url,
+        "--rate",
+        str(rate),
+        "--duration",
+        str(duration),
+        "--prefix",
+        prefix,
+        "--acked",
+        str(acked),
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run_latency(
+    url: str, env: dict[str, str], work: Path, args: argparse.Namespace, rate: float
+) -> dict[str, Any]:
+    asyncio.run(prepare(url))
+    command = [*console_script("webhook-inbox"), "serve", "--no-migrate"]
+    with Server("service", command, env, work / "serve.log") as srv:
+        if args.warmup > 0:
+            openloop(f"{srv.url}/webhooks/bench", rate, args.warmup, "warm", work / "w.txt")
+            asyncio.run(wait_drained(url, timeout=120))
+        load_before = os.getloadavg()[0]
+        process = psutil.Process(srv.pid)
+        cpu_before = sum(process.cpu_times()[:2])
+        load = openloop(f"{srv.url}/webhooks/bench", rate, args.duration, "lat", work / "a.txt")
+        drained = asyncio.run(wait_drained(url, timeout=120))
+        cpu = sum(process.cpu_times()[:2]) - cpu_before
+        facts = asyncio.run(latency_facts(url, "lat"))
+        rss_now = process.memory_info().rss
+    acked = set((work / "a.txt").read_text().split())
+    stored = asyncio.run(stored_ids(url, "lat"))
+    load.pop("per_second")
+    return {
+        "load": load,
+        "db_latency_ms": facts,
+        "drained": drained,
+        "acked_missing": len(acked - stored),
+        "service_cpu_seconds": round(cpu, 1),
+        "service_rss_mb": round(rss_now / 2**20, 1),
+        "service_peak_rss_mb": round(srv.peak_rss / 2**20, 1),
+        "loadavg_before": load_before,
+    }
+
+
+async def stored_ids(url: str, prefix: str) -> set[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT message_id FROM inbox_messages WHERE message_id LIKE $1 || '%'", prefix
+        )
+        return {r["message_id"] for r in rows}
+    finally:
+        await conn.close()
+
+
+def render(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
+    lines = [
+        "drain   messages  seconds   msgs/s  first claim  worker CPU s  postgres CPU s  "
+        "peak RSS MB  exactly-once",
+        "------  --------  -------  -------  -----------  ------------  --------------  "
+        "-----------  ------------",
+    ]
+    for d in drains:
+        lines.append(
+            f"{d.workers} proc{'s' if d.workers > 1 else ' '} {d.messages:>9}  {d.seconds:>7.2f}"
+            f"  {d.rate:>7.0f}  {d.first_claim_ms:>8.0f} ms"
+            f"  {'+'.join(f'{c:.1f}' for c in d.cpu_seconds):>12}"
+            f"  {'-' if d.pg_cpu_seconds is None else f'{d.pg_cpu_seconds:.1f}':>14}"
+            f"  {'/'.join(f'{r:.0f}' for r in d.peak_rss_mb):>11}"
+            f"  {'ok' if d.verified['exactly_once'] else 'FAIL ' + str(d.verified)}"
+        )
+    if latencies:
+        lines += [
+            "",
+            "offered/s  achieved/s  acked   non-2xx  errors  HTTP p50/p99 ms   "
+            "accept-to-effect p50/p90/p99 ms  processed_at p50/p99 ms  serve CPU s  RSS MB",
+            "---------  ----------  ------  -------  ------  ---------------   "
+            "-------------------------------  -----------------------  -----------  ------",
+        ]
+    for latency in latencies:
+        load, db = latency["load"], latency["db_latency_ms"]
+        lines.append(
+            f"{load['target_rate']:>9.0f}  {load['achieved_rate']:>10.1f}  "
+            f"{load['acked']:>6}  {load['non_2xx']:>7}  {load['errors']:>6}  "
+            f"{load['latency_ms']['p50']:>7}/{load['latency_ms']['p99']:<8}  "
+            f"{db['e50']:>9}/{db['e90']}/{db['e99']:<12}  "
+            f"{db['p50']:>12}/{db['p99']:<10}  {latency['service_cpu_seconds']:>11}  "
+            f"{latency['service_peak_rss_mb']:>6}"
+        )
+    if latencies:
+        lines += [
+            "",
+            "accept-to-effect: the handler's row's clock_timestamp() - received_at, from the "
+            "database; HTTP latency counts from when each request was due (open loop).",
+            "every acked id stored: "
+            + ", ".join(
+                f"{x['load']['target_rate']:g}/s "
+                + ("ok" if x["acked_missing"] == 0 else f"{x['acked_missing']} MISSING")
+                for x in latencies
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def targets(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
+    lines = ["", "targets (issue 5):"]
+    one = [d for d in drains if d.workers == 1]
+    if one:
+        ok = one[0].rate >= 3000
+        lines.append(
+            f"  {'PASS' if ok else 'FAIL'}  >= 3000 msgs/s with one worker process   "
+            f"{one[0].rate:.0f}"
+        )
+    for latency in latencies[:1]:
+        p50 = latency["db_latency_ms"]["e50"]
+        achieved = latency["load"]["achieved_rate"]
+        ok = p50 is not None and p50 < 50 and achieved >= 0.98 * latency["load"]["target_rate"]
+        lines.append(
+            f"  {'PASS' if ok else 'FAIL'}  accept-to-processed p50 < 50 ms at "
+            f"{latency['load']['target_rate']:.0f}/s   p50 {p50} ms at {achieved}/s offered"
+        )
+    rss = [r for d in drains for r in d.peak_rss_mb]
+    rss += [x["service_peak_rss_mb"] for x in latencies]
+    if rss:
+        lines.append(
+            f"  {'PASS' if max(rss) < 200 else 'FAIL'}  RSS < 200 MB                             "
+            f"peak {max(rss):.0f} MB"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    started = time.time()
+    with BenchPostgres() as pg, tempfile.TemporaryDirectory(prefix="inbox-bench-") as tmp:
+        work = Path(tmp)
+        settings = asyncio.run(pg.settings())
+        url = asyncio.run(pg.create_database("bench_process"))
+        env = service_env(url, work, args.log_level)
+        subprocess.run(
+            [*console_script("webhook-inbox"), "migrate"],
+            env={**os.environ, **env},
+            check=True,
+            capture_output=True,
+        )
+        drains = []
+        for workers in args.workers:
+            print(
+                f"draining {args.messages} messages with {workers} worker process(es)", flush=True
+            )
+            drains.append(run_drain(pg, url, env, work, workers, args.messages, args.profile))
+            print(f"  {drains[-1].rate:.0f} msgs/s", flush=True)
+        latencies = []
+        for rate in [] if args.skip_latency else args.rates:
+            print(f"latency: {rate:g}/s for {args.duration:g} s", flush=True)
+            latencies.append(run_latency(url, env, work, args, rate))
+        asyncio.run(pg.drop_database(url))
+    print()
+    print(render(drains, latencies))
+    print(targets(drains, latencies))
+    print(f"\nload average at end: {os.getloadavg()}; postgres: {settings}")
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / f"process-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "elapsed_s": round(time.time() - started, 1),
+                "postgres": settings,
+                "drains": [vars(d) for d in drains],
+                "latency": latencies,
+                "loadavg_end": os.getloadavg(),
+            },
+            indent=2,
+            default=str,
+        )
+    )
+    print(f"results: {out}")
+    if not all(d.verified["exactly_once"] for d in drains) or any(
+        x["acked_missing"] for x in latencies
+    ):
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
