@@ -114,7 +114,7 @@ async def test_two_server_processes_share_one_database_exactly_once(
 async def test_two_server_processes_share_the_embedded_database(tmp_path: Path) -> None:
     # No DATABASE_URL: `serve` starts the embedded PostgreSQL under INBOX_DATA_DIR and hands
     # its URL to the processes it starts.
-    ids = [f"embedded-{i}" for i in range(30)]
+    ids = [f"embedded-{i}" for i in range(60)]
     with two_processes(tmp_path) as server:
         (started,) = [e for e in log_events(server) if e.get("event") == "database"]
         assert str(tmp_path) in started["url"]
