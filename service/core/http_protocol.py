@@ -44,8 +44,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # A message ended inside the last chunk, so how much of it was the next head is unknown:
     # count from the next chunk (pipelined requests; the bound grows by one chunk at most).
     _ended_in_chunk = False
-
-    _refused = False
+    _refused = False  # a 431 was sent; the connection is draining until it closes
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
