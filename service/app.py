@@ -18,6 +18,7 @@ from service.api import admin, health, ingest, metrics
 from service.core.config import Settings
 from service.core.cursor import cursor_key
 from service.core.db import create_engine, database_url
+from service.core.logging import configure_logging
 from service.core.metrics import Metrics
 from service.core.migrations import head_revision
 from service.core.problems import install_problem_handlers, unavailable
@@ -147,4 +148,8 @@ def on_worker_done(task: asyncio.Task[None], stop: asyncio.Event, exit_process: 
 def create_app_from_env() -> FastAPI:
     """Factory for `uvicorn --factory`, as each server process of `serve --workers N` calls it."""
     run = os.environ.get(RUN_WORKER_ENV, "0") == "1"
-    return create_app(run_worker_in_process=run, exit_on_worker_crash=run)
+    settings = Settings()
+    # uvicorn spawns these processes afresh: without this their logs would be unformatted
+    # and below WARNING lost (no delivery lines at all).
+    configure_logging(settings.log_level, settings.log_format)
+    return create_app(settings, run_worker_in_process=run, exit_on_worker_crash=run)

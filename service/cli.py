@@ -14,7 +14,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.core.config import ConfigError, Settings, format_validation_error
+from service.core.config import (
+    MAX_REQUEST_HEAD_BYTES,
+    ConfigError,
+    Settings,
+    format_validation_error,
+)
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
 from service.core.migrations import upgrade
@@ -196,6 +201,10 @@ def serve(args: argparse.Namespace) -> None:
         "timeout_keep_alive": 5,
         # Beyond this many concurrent connections uvicorn answers 503 instead of queueing.
         "limit_concurrency": settings.max_connections,
+        # Request heads larger than this are refused: by h11 itself, or by our subclass of
+        # the httptools protocol, since httptools has no bound of its own (431, then close).
+        "http": http_protocol(),
+        "h11_max_incomplete_event_size": MAX_REQUEST_HEAD_BYTES,
         "timeout_graceful_shutdown": 30,
     }
     run_worker = not args.no_worker
@@ -209,6 +218,15 @@ def serve(args: argparse.Namespace) -> None:
             settings, inbox, run_worker_in_process=run_worker, exit_on_worker_crash=True
         )
         uvicorn.run(app, **options)
+
+
+def http_protocol() -> Any:
+    """uvicorn's HTTP implementation: httptools (faster) with our head bound, else h11."""
+    try:
+        from service.core.http_protocol import BoundedHttpToolsProtocol
+    except ImportError:  # httptools is not installed
+        return "h11"
+    return BoundedHttpToolsProtocol
 
 
 def worker(args: argparse.Namespace) -> None:

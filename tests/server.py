@@ -34,7 +34,10 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workdir = workdir
-        self.args = args or ["serve", "--port", str(self.port)]
+        # "{port}" in `args` stands for the port chosen here.
+        self.args = [
+            a.replace("{port}", str(self.port)) for a in args or ["serve", "--port", "{port}"]
+        ]
         self.env = {
             **os.environ,
             "INBOX_DATA_DIR": str(workdir / "data"),

@@ -109,13 +109,15 @@ message's `receive_count`. Errors are RFC 9457 problem documents and record noth
         **problem_responses(400, 401, 404, 408, 413, 415, 500, 503),
     },
     openapi_extra={
+        # Which bytes are valid depends on the source's kind, so the schema promises none:
+        # JSON kinds read an object (Event Grid and CloudEvents batches an array), and a
+        # generic source that takes no id from the body accepts any bytes at all.
         "requestBody": {
             "required": True,
-            "description": "The delivery exactly as the sender signed it.",
-            "content": {
-                "application/json": {"schema": {"type": "object"}},
-                "*/*": {"schema": {"type": "string", "format": "binary"}},
-            },
+            "description": "The delivery exactly as the sender signed it: JSON for most "
+            "kinds (an object, or an array for Event Grid and CloudEvents batches); any "
+            "bytes for a generic source that reads nothing from the body.",
+            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
         }
     },
 )

@@ -19,6 +19,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MIB = 1024 * 1024
+# Request line plus headers. Providers send a few KiB; more is refused with 431 (or 400).
+MAX_REQUEST_HEAD_BYTES = 64 * 1024
 
 # Values people leave in a config file meaning "fill me in"; starting with one would make
 # every delivery verify against a guessable key.

@@ -24,22 +24,33 @@ class RequestIdFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "request_id", None) is None:
-            record.request_id = REQUEST_ID.get()
+            request_id = REQUEST_ID.get()
+            if request_id is not None:
+                record.request_id = request_id
         return True
 
 
-def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD and v is not None}
+def _fields(record: logging.LogRecord, keep_none: bool = False) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in record.__dict__.items()
+        if k not in _STANDARD and (keep_none or v is not None)
+    }
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line; a field passed as None stays, as null, so an event's keys
+    are the same every time (a rejected delivery has `"message_id": null`)."""
+
     def format(self, record: logging.LogRecord) -> str:
         event: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
-            **_fields(record),
+            # With `serve --workers N`, which server process said it.
+            "pid": record.process,
+            **_fields(record, keep_none=True),
         }
         if record.exc_info:
             event["exc"] = self.formatException(record.exc_info)

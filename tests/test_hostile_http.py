@@ -1,0 +1,153 @@
+"""Hostile requests at the HTTP level, sent raw over a socket to the real server process.
+
+Guards what the ASGI tests cannot reach (issue 6 item 5), each case answered with a clear 4xx,
+never a 5xx, and nothing stored:
+- header injection (CR, LF, NUL or another control character inside a header; obs-fold;
+  conflicting framing): refused by the HTTP parser with 400, so no forged header reaches a
+  verifier or the stored headers;
+- absurdly long header names or values, or endless headers: refused with 431 by
+  `BoundedHttpToolsProtocol` after at most ~64 KiB, where httptools alone would buffer them
+  whole (without it these are accepted, stored, and memory grows with the header);
+- oversized message ids in a header: 400 naming the limit;
+and that the head bound counts heads only: pipelined requests with large bodies all pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import psutil
+import pytest
+
+from tests.server import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+HEAD = b"POST /webhooks/s HTTP/1.1\r\nHost: x\r\n"
+END = b"Connection: close\r\nContent-Length: 2\r\n\r\n{}"
+
+INJECTIONS = {
+    "CR inside a value": b"X-Id: a\rX-Evil: 1\r\n",
+    "bare LF starting a forged header": b"X-Id: a\nX-Evil: 1\r\n",
+    "NUL inside a value": b"X-Id: a\x00b\r\n",
+    "control character inside a value": b"X-Id: a\x01b\r\n",
+    "obsolete line folding": b"X-Id: a\r\n folded: 1\r\n",
+    "space before the colon": b"X-Id : a\r\n",
+    "two Content-Length values": b"X-Id: a\r\nContent-Length: 5\r\n",
+    "NUL in a header name": b"X-I\x00d: a\r\n",
+}
+
+TOO_LONG = {
+    "200 KB header value": b"X-Id: long-value\r\nX-Pad: " + b"v" * 200_000 + b"\r\n",
+    "200 KB header name": b"X-Id: long-name\r\n" + b"N" * 200_000 + b": 1\r\n",
+    "20,000 headers": b"X-Id: many\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(20_000)),
+}
+
+ENDLESS = 64 * 1024 * 1024
+
+LONG_IDS = {
+    "600-character id": b"X-Id: " + b"i" * 600 + b"\r\n",
+    "50 KB id": b"X-Id: " + b"i" * 50_000 + b"\r\n",
+}
+
+
+@pytest.fixture
+def server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    config = tmp_path / "inbox.toml"
+    config.write_text('[sources.s]\nkind = "generic"\nid_header = "x-id"\n')
+    env = {"DATABASE_URL": database_url, "INBOX_CONFIG": str(config)}
+    with ServerProcess(env, tmp_path) as running:
+        yield running
+
+
+async def exchange(port: int, request: bytes) -> tuple[int, bytes, bytes]:
+    """Send `request` raw; return the answer's status, head and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)  # every refusal closes
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), head, body
+
+
+async def stream_endless_header(port: int) -> tuple[bytes, int]:
+    """Send one header value 16 KiB at a time until the server answers; return it and the size."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(HEAD + b"X-Id: endless\r\nX-Endless: ")
+    answer = asyncio.ensure_future(reader.read(300))
+    sent = 0
+    try:
+        while sent < ENDLESS and not answer.done():
+            writer.write(b"e" * 16_384)
+            await writer.drain()
+            sent += 16_384
+            await asyncio.sleep(0)  # drain() need not yield: let the answer be read
+    except (ConnectionError, OSError):
+        pass
+    head = await asyncio.wait_for(answer, 10)
+    writer.close()
+    return head, sent
+
+
+async def test_hostile_heads_get_a_clear_4xx_and_store_nothing(
+    server: ServerProcess, db: asyncpg.Connection
+) -> None:
+    answers = {}
+    for name, headers in INJECTIONS.items():
+        status, _, body = await exchange(server.port, HEAD + headers + END)
+        answers[name] = status
+        assert status == 400, (name, body)
+    for name, headers in TOO_LONG.items():
+        status, head, body = await exchange(server.port, HEAD + headers + END)
+        answers[name] = status
+        assert status == 431, (name, head)
+        assert b"application/problem+json" in head
+        assert json.loads(body)["status"] == 431
+    for name, headers in LONG_IDS.items():
+        status, _, body = await exchange(server.port, HEAD + headers + END)
+        answers[name] = status
+        assert status == 400, (name, body)
+        assert "longer than 512" in json.loads(body)["detail"]
+
+    # An endless header is cut off near the limit, not buffered until the client stops: the
+    # 431 arrives while the client is still sending (the socket buffers hold a few MB), and the
+    # server's memory does not grow with the header.
+    assert server.process is not None
+    before = psutil.Process(server.process.pid).memory_info().rss
+    head, sent = await stream_endless_header(server.port)
+    assert head.startswith(b"HTTP/1.1 431"), head
+    assert sent < ENDLESS / 4, f"no answer before {sent} bytes of one header were sent"
+    assert psutil.Process(server.process.pid).memory_info().rss - before < 20 * 1024 * 1024
+
+    # Nothing was stored, and the server still serves, with heads of a sane size too.
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages") == 0
+    fine = {"x-id": "fine", "x-pad": "p" * 8_000}
+    reply = httpx.post(f"{server.url}/webhooks/s", content=b"{}", headers=fine)
+    assert reply.json()["status"] == "accepted"
+    assert not [name for name, status in answers.items() if status >= 500]
+
+    # Three requests with 100 KB bodies in one write: only heads count toward the bound.
+    big = b"b" * 100_000
+    requests = b"".join(
+        HEAD + f"X-Id: piped-{i}\r\nContent-Length: {len(big)}\r\n\r\n".encode() + big
+        for i in range(3)
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(requests)
+    await writer.drain()
+    piped = []
+    for _ in range(3):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        piped.append((head.split(b" ")[1], json.loads(await reader.readexactly(length))))
+    writer.close()
+    assert [(status, a["status"]) for status, a in piped] == [(b"200", "accepted")] * 3
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages") == 4
