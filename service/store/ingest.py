@@ -1,4 +1,5 @@
-"""Recording deliveries: the one place ingest writes, committed before any 2xx."""
+"""Recording one delivery in a transaction of its own, for sync mode: its handlers run before
+the commit. Every async-mode delivery is written by group commit (`group_commit.py`)."""
 
 from __future__ import annotations
 
