@@ -44,9 +44,14 @@ async def test_a_dead_letter_retried_after_its_cause_is_fixed_ends_processed(
         assert retried.status_code == 200
         await wait_until(db, "SELECT status FROM inbox_messages", "processed")
         detail = (await client.get(f"/admin/messages/{dead[0]['id']}", headers=AUTH)).json()
+        stats = (await client.get("/admin/stats", headers=AUTH)).json()
     assert await db.fetchval("SELECT count(*) FROM effects") == 1
     outcomes = [a["outcome"] for a in detail["attempts"]]
     assert outcomes == ["failed", "dead", "admin_retry", "processed"]
+    # The worker's three attempts (two failures) and the one admin action, told apart.
+    assert stats["attempts_last_hour"] == 3
+    assert stats["failures_last_hour"] == 2
+    assert stats["admin_actions_last_hour"] == 1
 
 
 async def test_a_forced_replay_runs_the_handler_again_and_unforced_is_409(

@@ -346,11 +346,13 @@ STATUS_COUNTS = text(
 
 RECENT_ATTEMPTS = text(
     """
-    SELECT count(*) FILTER (WHERE actor IS NULL) AS attempts,
-           count(*) FILTER (WHERE actor IS NULL AND outcome <> ALL(:success)) AS failures,
-           count(*) FILTER (WHERE actor IS NOT NULL) AS admin_actions
-      FROM inbox_attempts
-     WHERE started_at >= now() - interval '1 hour'
+    SELECT count(*) FILTER (WHERE NOT is_admin) AS attempts,
+           count(*) FILTER (WHERE NOT is_admin AND outcome <> ALL(:success)) AS failures,
+           count(*) FILTER (WHERE is_admin) AS admin_actions
+      -- Workers record an actor too (worker:host:pid); admin actions are told by outcome.
+      FROM (SELECT outcome, starts_with(outcome, 'admin_') AS is_admin
+              FROM inbox_attempts
+             WHERE started_at >= now() - interval '1 hour') AS recent
     """
 )
 
