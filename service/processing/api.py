@@ -45,10 +45,11 @@ class HandlerCommitError(RuntimeError):
 class HandlerSession(AsyncSession):
     """`ctx.session`: an `AsyncSession` in the inbox's transaction; the inbox commits it.
 
-    Each message runs inside its own SAVEPOINT (the session joins the inbox's connection with
-    `join_transaction_mode="create_savepoint"`); the inbox releases it when every handler has
-    returned, or rolls back to it when one raised, and commits the batch with the messages'
-    `processed` marks. A handler that commits itself would break that, so it is refused.
+    The session joins the batch's connection (`join_transaction_mode="rollback_only"`) and each
+    message runs inside its own SAVEPOINT, which the inbox issues on the driver connection
+    (`MessageSavepoints`); the inbox releases it when every handler has returned, or rolls back
+    to it when one raised, and commits the batch with the messages' `processed` marks. A
+    handler that commits itself would break that, so it is refused.
     """
 
     _handler_running: bool = False
