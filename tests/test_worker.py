@@ -223,3 +223,25 @@ async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
     (failed,) = await attempts_of(db, "bad")
     assert "no_such_table" in failed["error"]
     assert await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts") == 1
+
+
+async def test_a_hung_handler_times_out_and_is_retried_without_effect(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    handlers.state["slow_seconds"] = 30.0  # far past the limit below
+    try:
+        async with client_for(
+            config("tests.handlers:slow", handler_timeout_seconds=0.3, max_attempts=2),
+            run_worker=True,
+            **WORKER_SETTINGS,
+        ) as client:
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery("hung"))
+            await wait_until(db, "SELECT status FROM inbox_messages", "dead", 15)
+    finally:
+        handlers.state["slow_seconds"] = 1.0
+    attempts = await attempts_of(db, "hung")
+    timeout = "service.processing.runner.HandlerTimeout"
+    assert [a["error_type"] for a in attempts] == [timeout, timeout]
+    assert "handler_timeout_seconds" in attempts[0]["error"]
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0

@@ -87,6 +87,9 @@ class SourceConfig(BaseModel):
     tolerance_seconds: int = Field(default=300, ge=1, le=86_400)
     mode: Literal["async", "sync"] = "async"
     max_attempts: int = Field(default=10, ge=1, le=1000)
+    # A hung handler would hold its batch's transaction (and row locks) for ever: past this,
+    # its attempt fails and is retried like any other failure.
+    handler_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     backoff_base_seconds: float = Field(default=2.0, gt=0, le=86_400)
     backoff_max_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)
     handlers: list[Annotated[str, Field(pattern=r"^[\w.]+:[\w]+$")]] = Field(default_factory=list)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 
@@ -11,6 +12,10 @@ from service.processing.policy import classify_failure
 from service.store.processing import AttemptResult, MessageRow, MessageSavepoints
 
 log = logging.getLogger("service.processing")
+
+
+class HandlerTimeout(Exception):
+    """A message's handlers ran past the source's `handler_timeout_seconds`; retried."""
 
 
 def inbox_message(row: MessageRow, attempt: int) -> InboxMessage:
@@ -59,9 +64,15 @@ async def run_handlers(
     await savepoints.begin()
     try:
         session._handler_running = True
+        limit = pipeline.config.handler_timeout_seconds
         try:
-            for handler in handlers:
-                await handler(message, ctx)
+            async with asyncio.timeout(limit):
+                for handler in handlers:
+                    await handler(message, ctx)
+        except TimeoutError as exc:
+            raise HandlerTimeout(
+                f"the handlers did not return within handler_timeout_seconds = {limit:g}"
+            ) from exc
         finally:
             session._handler_running = False
         if session._commit_refused:
