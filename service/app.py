@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +15,6 @@ from service.api import admin, health, ingest, metrics
 from service.core.config import Settings
 from service.core.cursor import cursor_key
 from service.core.db import create_engine, database_url
-from service.core.logging import configure_logging
 from service.core.metrics import Metrics
 from service.core.migrations import head_revision
 from service.core.problems import install_problem_handlers, unavailable
@@ -29,12 +25,8 @@ from service.inbox_config import InboxConfig, load_inbox_config
 from service.processing.pipeline import resolve_pipelines
 from service.store.errors import StoreUnavailable
 from service.store.group_commit import GroupCommitter
-from service.worker import run_worker
 
 log = logging.getLogger("service.app")
-
-# Set by `webhook-inbox serve` for the server processes uvicorn starts with --workers N.
-RUN_WORKER_ENV = "INBOX_SERVE_WORKER"
 
 DESCRIPTION = """
 webhook-inbox receives webhooks and push deliveries, records each message id in PostgreSQL
@@ -48,14 +40,14 @@ def create_app(
     settings: Settings | None = None,
     inbox: InboxConfig | None = None,
     *,
-    run_worker_in_process: bool = False,
-    exit_on_worker_crash: bool = False,
+    processing_state: Path | None = None,
 ) -> FastAPI:
     """Build the app; the database engine is created when it starts, not at import.
 
-    Handler modules are imported here, so a bad `module:function` fails before serving.
-    With `run_worker_in_process`, the lifespan also runs the worker (`serve` without
-    `--no-worker`); `exit_on_worker_crash` then stops the server if the worker dies.
+    Handler modules are imported here (sync mode runs them in the request), so a bad
+    `module:function` fails before serving. The worker never runs in this process: `serve`
+    runs it in processes of its own. `processing_state`: the supervisor's file saying how
+    many processing processes are alive, for `/readyz`.
     """
     settings = settings or Settings()
     inbox = inbox if inbox is not None else load_inbox_config(Path(settings.config))
@@ -85,22 +77,12 @@ def create_app(
             admin_tokens=tokens,
             cursor_key=cursor_key(tokens),
             pipelines=pipelines,
+            processing_state=processing_state,
         )
         committer.start()
-        stop = asyncio.Event()
-        worker: asyncio.Task[None] | None = None
-        if run_worker_in_process:
-            running = run_worker(
-                settings, url, pipelines, stop, metrics=app_metrics, retention=inbox
-            )
-            worker = asyncio.create_task(running, name="worker")
-            worker.add_done_callback(lambda task: on_worker_done(task, stop, exit_on_worker_crash))
         try:
             yield
         finally:
-            stop.set()
-            if worker is not None:
-                await asyncio.gather(worker, return_exceptions=True)
             await committer.close()
             await engine.dispose()
 
@@ -134,22 +116,3 @@ class InboxApp(FastAPI):
             if state is not None and await ingest.serve_ingest(state, scope, receive, send):
                 return
         await super().__call__(scope, receive, send)
-
-
-def on_worker_done(task: asyncio.Task[None], stop: asyncio.Event, exit_process: bool) -> None:
-    if stop.is_set() or task.cancelled() or task.exception() is None:
-        return
-    log.critical("worker crashed", exc_info=task.exception())
-    if exit_process:
-        # Stop serving too, so the process supervisor restarts the whole thing.
-        signal.raise_signal(signal.SIGTERM)
-
-
-def create_app_from_env() -> FastAPI:
-    """Factory for `uvicorn --factory`, as each server process of `serve --workers N` calls it."""
-    run = os.environ.get(RUN_WORKER_ENV, "0") == "1"
-    settings = Settings()
-    # uvicorn spawns these processes afresh: without this their logs would be unformatted
-    # and below WARNING lost (no delivery lines at all).
-    configure_logging(settings.log_level, settings.log_format)
-    return create_app(settings, run_worker_in_process=run, exit_on_worker_crash=run)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,15 +14,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.core.config import (
-    MAX_REQUEST_HEAD_BYTES,
     ConfigError,
     Settings,
     format_validation_error,
 )
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
-from service.core.migrations import upgrade
-from service.core.security import ensure_admin_tokens
 from service.inbox_config import InboxConfig, load_inbox_config
 from service.processing.pipeline import Pipeline, resolve_pipelines
 from service.retention import PruneReport, prune
@@ -34,6 +30,14 @@ EPILOG = """
 Environment: DATABASE_URL (unset: an embedded PostgreSQL under INBOX_DATA_DIR), INBOX_CONFIG
 (default inbox.toml), INBOX_DATA_DIR (default .inbox), INBOX_ADMIN_TOKENS (comma-separated),
 INBOX_HOST, INBOX_PORT, INBOX_MAX_BODY_BYTES, INBOX_LOG_LEVEL, INBOX_LOG_FORMAT (json|text).
+"""
+
+SERVE_DESCRIPTION = """
+Serve the HTTP API (ingest, admin, health, metrics) and run the worker, each in processes of
+its own under one supervising process: a handler that blocks, or kills its process, never
+stops ingest, and a child that exits is started again (with a growing delay while it keeps
+dying). SIGTERM, SIGINT or SIGHUP drains every child (HTTP requests in flight finish, the
+worker's batches get INBOX_WORKER_GRACE_SECONDS), then stops the embedded PostgreSQL.
 """
 
 WORKER_DESCRIPTION = """
@@ -64,17 +68,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
-        help="run the HTTP API (and, by default, the worker)",
-        description="Run the HTTP API and, unless --no-worker, the worker, in this process.",
+        help="run the HTTP API and the worker, as supervised processes",
+        description=SERVE_DESCRIPTION,
         epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument("--host", help="address to bind (default: INBOX_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default: INBOX_PORT or 8000)")
     serve.add_argument(
-        "--workers", type=int, default=1, help="number of server processes (default 1)"
+        "--workers",
+        type=positive,
+        default=1,
+        help="HTTP server processes, as in uvicorn (default 1)",
     )
     serve.add_argument(
-        "--no-worker", action="store_true", help="serve HTTP only; run `worker` elsewhere"
+        "--worker-processes",
+        type=positive,
+        default=1,
+        metavar="N",
+        help="processing processes, each a `webhook-inbox worker` (default 1)",
+    )
+    serve.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="no processing processes: serve HTTP only, and run `worker` elsewhere",
     )
     serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
 
@@ -108,15 +125,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
 def load(
-    settings_only: bool = False, **overrides: Any
+    settings_only: bool = False, role: str = "cli", **overrides: Any
 ) -> tuple[Settings, InboxConfig, dict[str, Pipeline]]:
-    """Settings, sources and their imported handlers, or exit 2 with one line naming the fault."""
+    """Settings, sources and their imported handlers, or exit 2 with one line naming the fault.
+
+    `role` is stamped on every log line of this process (supervisor, http, processing, cli).
+    """
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         raise SystemExit(f"config error: {format_validation_error('env', exc)}") from None
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, role=role)
     if settings_only:
         return settings, InboxConfig(), {}
     try:
@@ -128,14 +155,6 @@ def load(
     except ConfigError as exc:
         raise SystemExit(f"config error: {settings.config}: {exc}") from None
     return settings, inbox, pipelines
-
-
-async def migrate(url: str, settings: Settings) -> None:
-    engine = create_engine(url, settings)
-    try:
-        await upgrade(engine)
-    finally:
-        await engine.dispose()
 
 
 async def prune_once(url: str, settings: Settings, inbox: InboxConfig) -> PruneReport:
@@ -154,85 +173,18 @@ def describe_prune(report: PruneReport) -> str:
     return line
 
 
-def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
-    base = f"http://{host}:{port}"
-    tokens, token_file = ensure_admin_tokens(settings)
-    lines = [f"webhook-inbox serving on {base} (API docs: {base}/docs)"]
-    if token_file is not None:
-        lines += [
-            f"admin token: {tokens[0]}",
-            f"  (generated on first start, stored in {token_file}; read it with: cat {token_file})",
-        ]
-    else:
-        lines.append("admin tokens: from INBOX_ADMIN_TOKENS")
-    lines.append(f"sources: {', '.join(inbox.sources) or 'none (set INBOX_CONFIG)'}")
-    for source in inbox.sources.values():
-        example = source.example_curl(base)
-        if example:
-            lines += [
-                f"send a signed delivery to '{source.name}' (repeat it: a duplicate):",
-                example,
-            ]
-            break
-    return "\n".join(lines)
-
-
 def serve(args: argparse.Namespace) -> None:
-    import uvicorn
+    from service.serve import serve as run
 
-    from service.app import RUN_WORKER_ENV, create_app
-
-    settings, inbox, _ = load()
-    url = database_url(settings)
-    log.info("database", extra={"url": describe_url(url)})
-    # Server processes started by uvicorn read their settings from the environment.
-    os.environ["DATABASE_URL"] = url
-    settings = settings.model_copy(update={"database_url": url})
-    if not args.no_migrate:
-        asyncio.run(migrate(url, settings))
-    host = args.host or settings.host
-    port = args.port or settings.port
-    print(banner(settings, inbox, host, port), flush=True)
-    options: dict[str, Any] = {
-        "host": host,
-        "port": port,
-        "log_config": None,
-        "access_log": False,
-        "timeout_keep_alive": 5,
-        # Beyond this many concurrent connections uvicorn answers 503 instead of queueing.
-        "limit_concurrency": settings.max_connections,
-        # Request heads larger than this are refused: by h11 itself, or by our subclass of
-        # the httptools protocol, since httptools has no bound of its own (431, then close).
-        "http": http_protocol(),
-        "h11_max_incomplete_event_size": MAX_REQUEST_HEAD_BYTES,
-        "timeout_graceful_shutdown": 30,
-    }
-    run_worker = not args.no_worker
-    if args.workers > 1:
-        os.environ[RUN_WORKER_ENV] = "1" if run_worker else "0"
-        uvicorn.run(
-            "service.app:create_app_from_env", factory=True, workers=args.workers, **options
-        )
-    else:
-        app = create_app(
-            settings, inbox, run_worker_in_process=run_worker, exit_on_worker_crash=True
-        )
-        uvicorn.run(app, **options)
-
-
-def http_protocol() -> Any:
-    """uvicorn's HTTP implementation: httptools (faster) with our head bound, else h11."""
-    try:
-        from service.core.http_protocol import BoundedHttpToolsProtocol
-    except ImportError:  # httptools is not installed
-        return "h11"
-    return BoundedHttpToolsProtocol
+    settings, inbox, _ = load(role="supervisor")
+    run(args, settings, inbox)
 
 
 def worker(args: argparse.Namespace) -> None:
     from service.worker import WorkerCrashed, run_worker
 
     settings, inbox, pipelines = load(
+        role="processing",
         worker_concurrency=args.concurrency,
         worker_batch_size=args.batch_size,
         worker_poll_seconds=args.poll_seconds,
@@ -262,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "worker":
         worker(args)
     elif args.command == "migrate":
+        from service.serve import migrate
+
         settings, _, _ = load(settings_only=True)
         url = database_url(settings)
         asyncio.run(migrate(url, settings))

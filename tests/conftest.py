@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -18,6 +19,7 @@ from service.core.config import Settings
 from service.core.db import create_engine
 from service.core.migrations import upgrade
 from service.inbox_config import parse_inbox_config
+from service.worker import run_worker
 from tests.pg import asyncpg_dsn, create_database, drop_database, postgres_server, with_database
 
 
@@ -70,22 +72,43 @@ async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
+@asynccontextmanager
+async def worker_beside(app: FastAPI) -> AsyncIterator[None]:
+    """A worker on the app's database and sources, beside it in this event loop (as a
+    processing process of `serve` runs beside the HTTP ones), counting into its metrics."""
+    state = app.state.inbox
+    stop = asyncio.Event()
+    url = state.settings.database_url
+    task = asyncio.create_task(
+        run_worker(state.settings, url, state.pipelines, stop, metrics=state.metrics)
+    )
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
 @pytest.fixture
 def client_for(database_url: str, data_dir: Path) -> AppFactory:
     """`async with client_for(config_dict, **settings) as client:` an app on the test database.
 
-    `run_worker=True` also runs the worker in the app's lifespan, as `serve` does.
+    `run_worker=True` also runs a worker beside it, as `serve` does in another process.
     """
 
-    def factory(
+    @asynccontextmanager
+    async def factory(
         config: dict[str, Any], run_worker: bool = False, **settings: Any
-    ) -> AbstractAsyncContextManager[Any]:
+    ) -> AsyncIterator[httpx.AsyncClient]:
         options: dict[str, Any] = {"database_url": database_url, "data_dir": data_dir}
         options.update(settings)
-        app = create_app(
-            Settings(**options), parse_inbox_config(config), run_worker_in_process=run_worker
-        )
-        return running(app)
+        app = create_app(Settings(**options), parse_inbox_config(config))
+        async with running(app) as client:
+            if not run_worker:
+                yield client
+                return
+            async with worker_beside(app):
+                yield client
 
     return factory
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import time
 from typing import Any
 
 from sqlalchemy import text
@@ -108,3 +110,24 @@ async def sql_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
     await record(message, ctx)
     if message.message_id.startswith("bad"):
         await ctx.session.execute(text("SELECT * FROM no_such_table"))
+
+
+async def exit_on_poison(message: InboxMessage, ctx: HandlerContext) -> None:
+    """A handler that kills its own process (as a segfault or an OOM kill would) on one id."""
+    await record(message, ctx)
+    if message.message_id == "poison":
+        os._exit(1)
+
+
+async def block_loop(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Blocks the event loop (a blocking client library, a CPU-bound parse) for `sleep` s."""
+    payload = message.payload or {}
+    time.sleep(float(payload.get("sleep", 0)))
+    await record(message, ctx)
+
+
+async def stuck_in_database(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Stuck inside one statement of its own on the server, for ids starting with "stuck"."""
+    await record(message, ctx)
+    if message.message_id.startswith("stuck"):
+        await ctx.session.execute(text("SELECT pg_sleep(3600)"))

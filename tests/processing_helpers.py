@@ -44,6 +44,15 @@ async def create_effects(db: asyncpg.Connection) -> None:
     await db.execute(EFFECTS_DDL)
 
 
+async def insert_messages(db: asyncpg.Connection, *message_ids: str) -> None:
+    """Messages of source `hooks` recorded directly: before a worker starts, they are all due
+    together and land in one claimed batch."""
+    await db.executemany(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('hooks', $1, '{}')",
+        [(i,) for i in message_ids],
+    )
+
+
 async def wait_until(
     db: asyncpg.Connection, query: str, expected: Any, timeout: float = 20.0, *args: Any
 ) -> None:

@@ -1,4 +1,4 @@
-"""`webhook-inbox serve --workers 2`: two server processes, each with its worker, on one database.
+"""`serve --workers 2 --worker-processes 2`: two HTTP and two processing processes, one database.
 
 Guards cross-process safety (issue 6 item 7): the dedup key is a unique constraint in
 PostgreSQL, not per-process memory, so one id delivered to both processes at once is recorded
@@ -47,7 +47,7 @@ def two_processes(tmp_path: Path, **env: str) -> ServerProcess:
         "PYTHONPATH": str(ROOT),  # the handlers live in tests/
         **env,
     }
-    args = ["serve", "--workers", "2", "--port", "{port}"]
+    args = ["serve", "--workers", "2", "--worker-processes", "2", "--port", "{port}"]
     return ServerProcess(environment, tmp_path, args=args, startup_timeout=60)
 
 
@@ -100,7 +100,7 @@ async def test_two_server_processes_share_one_database_exactly_once(
     await create_effects(db)
     ids = [f"multi-{i}" for i in range(200)]  # 400 deliveries
     with two_processes(tmp_path, DATABASE_URL=database_url) as server:
-        await wait_listening(db, 2)  # both processes run their worker
+        await wait_listening(db, 2)  # both processing processes
         answers = await deliver_each_twice(server.url, ids)
         await assert_effects_once(db, ids)
         children = child_pids(server)
@@ -116,7 +116,10 @@ async def test_two_server_processes_share_the_embedded_database(tmp_path: Path) 
     # its URL to the processes it starts.
     ids = [f"embedded-{i}" for i in range(60)]
     with two_processes(tmp_path) as server:
-        (started,) = [e for e in log_events(server) if e.get("event") == "database"]
+        events = log_events(server)
+        (started,) = [
+            e for e in events if e.get("event") == "database" and e["role"] == "supervisor"
+        ]
         assert str(tmp_path) in started["url"]
         db = await asyncpg.connect(asyncpg_dsn(started["url"]))
         try:

@@ -15,6 +15,7 @@ from tests.processing_helpers import (
     config,
     create_effects,
     delivery,
+    insert_messages,
     status_of,
     wait_until,
 )
@@ -177,7 +178,9 @@ async def test_graceful_shutdown_finishes_in_flight_work(
         ) as client:
             await client.post("/webhooks/hooks", content=b"{}", headers=delivery("slow"))
             await asyncio.wait_for(handlers.slow_started.wait(), 10)
-            assert await status_of(db, "slow") == "pending"
+            # The attempt was counted (and committed) before the handler began.
+            assert await status_of(db, "slow") == "processing"
+            assert await db.fetchval("SELECT attempts FROM inbox_messages") == 1
             # Leaving the block shuts the app down while the handler is still sleeping.
     finally:
         handlers.slow_started = None
@@ -207,11 +210,7 @@ async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     await create_effects(db)
-    # Recorded before any worker runs, so that all of them land in one claimed batch.
-    await db.execute(
-        "INSERT INTO inbox_messages (source, message_id, body) "
-        "VALUES ('hooks', 'good1', ''), ('hooks', 'bad', ''), ('hooks', 'good2', '')"
-    )
+    await insert_messages(db, "good1", "bad", "good2")
     cfg = config("tests.handlers:sql_error_on_bad", max_attempts=1)
     async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
         await wait_until(

@@ -62,7 +62,12 @@ async def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(
 ) -> None:
     await create_effects(db)
     # One loop, batches of 50 at ~10 ms a message: a kill lands inside a batch's transaction.
-    settings = {"INBOX_WORKER_BATCH_SIZE": "50", "INBOX_WORKER_CONCURRENCY": "1"}
+    # The killed batch's claims expire a second later, and count as attempts.
+    settings = {
+        "INBOX_WORKER_BATCH_SIZE": "50",
+        "INBOX_WORKER_CONCURRENCY": "1",
+        "INBOX_WORKER_LEASE_MARGIN_SECONDS": "1",
+    }
     worker = start_worker(database_url, TOML, tmp_path, "first", **settings)
     try:
         await wait_listening(db, 1)
@@ -88,3 +93,10 @@ async def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(
     finally:
         assert await stop(restarted) == 0
     await assert_each_effect_once(db, 300)
+    # The killed batch: its attempt counted (abandoned), then processed on the second.
+    killed = await db.fetchval("SELECT count(*) FROM inbox_messages WHERE attempts = 2")
+    assert killed == 50
+    outcomes = await db.fetch(
+        "SELECT outcome, count(*) AS n FROM inbox_attempts GROUP BY outcome ORDER BY outcome"
+    )
+    assert {r["outcome"]: r["n"] for r in outcomes} == {"abandoned": 50, "processed": 300}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from fastapi import APIRouter
 from pydantic import BaseModel
 from starlette.responses import Response
@@ -29,9 +32,27 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
+def processing_down(state_file: Path | None) -> bool:
+    """Under `serve`: processing processes are expected and none is alive right now."""
+    if state_file is None:
+        return False
+    try:
+        children = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        return False  # not written yet, or the supervisor is gone (SIGTERM drains us too)
+    return bool(children.get("processing_expected")) and not children.get("processing_alive")
+
+
 @router.get("/readyz", response_model=Ready, responses=problem_responses(503))
 async def readyz(state: StateDep) -> Ready | Response:
-    """The database answers and its schema is at the migrations' head."""
+    """The database answers, its schema is at head, and (under `serve`) a worker is alive."""
+    if processing_down(state.processing_state):
+        return problem(
+            503,
+            "no processing process is alive: deliveries are still accepted and stored, but "
+            "none is processed until the supervisor has restarted one (see its log)",
+            headers={"Retry-After": "5"},
+        )
     try:
         async with translate_errors():
             revision = await current_revision(state.engine)

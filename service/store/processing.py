@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +45,8 @@ class AttemptResult:
     error_type: str | None = None
     error: str | None = None
     traceback: str | None = None
+    # The attempt never finished (its claim expired): the message's next attempt runs alone.
+    unfinished: bool = False
 
     @property
     def duration_ms(self) -> float:
@@ -71,6 +73,8 @@ def handler_session(conn: AsyncConnection) -> HandlerSession:
 
 
 SAVEPOINT = "inbox_message"
+# A cancel request for another backend: a no-op if it is idle, else its statement fails.
+CANCEL_BACKEND = text("SELECT pg_cancel_backend(:pid)")
 
 
 class MessageSavepoints:
@@ -84,15 +88,26 @@ class MessageSavepoints:
     SAVEPOINT or with `flush()`: one round trip per message instead of four or more.
     """
 
-    def __init__(self, driver: asyncpg.Connection) -> None:
+    def __init__(self, driver: asyncpg.Connection, engine: AsyncEngine) -> None:
         self._driver = driver
+        self._engine = engine
         self._pending = ""
+        self._timeout_set = False
 
-    async def begin(self) -> None:
-        """Open the next message's savepoint (ending the previous one's in the same trip)."""
+    async def begin(self, statement_timeout_ms: int | None = None) -> None:
+        """Open the next message's savepoint (ending the previous one's in the same trip).
+
+        `statement_timeout_ms` bounds each of the message's statements on the server, so a
+        handler stuck in one (a lock wait, `pg_sleep`) is cancelled there, not only abandoned
+        by its client; a ROLLBACK TO the savepoint undoes the setting with the rest.
+        """
         if not self._driver.is_in_transaction():
             raise RuntimeError("a message savepoint needs the batch's transaction to have begun")
-        command, self._pending = self._pending + f"SAVEPOINT {SAVEPOINT}", ""
+        command = self._pending + f"SAVEPOINT {SAVEPOINT}"
+        if statement_timeout_ms is not None:
+            command += f"; SET LOCAL statement_timeout = {int(statement_timeout_ms)}"
+            self._timeout_set = True
+        self._pending = ""
         await self._driver.execute(command)
 
     def release(self) -> None:
@@ -105,10 +120,20 @@ class MessageSavepoints:
         """
         self._pending = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}; "
 
+    async def cancel_statement(self) -> None:
+        """Cancel the statement running on this connection, if one is, from another connection
+        (the server answers it with an error; the transaction survives to its savepoint)."""
+        async with translate_errors(), self._engine.connect() as other:
+            await other.execute(CANCEL_BACKEND, {"pid": self._driver.get_server_pid()})
+
     async def flush(self) -> None:
-        """Send a pending release or rollback now (before the batch's own statements)."""
-        if self._pending:
-            command, self._pending = self._pending, ""
+        """Send a pending release or rollback now (before the batch's own statements), and
+        lift the last message's statement timeout off them."""
+        command, self._pending = self._pending, ""
+        if self._timeout_set:
+            command += "SET LOCAL statement_timeout TO DEFAULT"
+            self._timeout_set = False
+        if command:
             await self._driver.execute(command)
 
 
@@ -117,7 +142,7 @@ async def message_savepoints(conn: AsyncConnection) -> MessageSavepoints:
     raw = await conn.get_raw_connection()
     driver = raw.driver_connection
     assert isinstance(driver, asyncpg.Connection)
-    return MessageSavepoints(driver)
+    return MessageSavepoints(driver, conn.engine)
 
 
 @asynccontextmanager
@@ -131,27 +156,57 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[Batch]:
             await session.close()
 
 
-# SKIP LOCKED: rows another worker holds are not waited for, so concurrent workers (threads or
-# processes) take disjoint batches; the row locks are held until this transaction ends, so a
-# message's handlers never run twice at once. Ordered on the partial due index (0001).
+# Claiming counts the attempt and commits before any handler runs (as Oban and River do), so
+# an attempt that never finishes (the process killed, the machine lost, a handler that kills
+# its worker) is still counted and its message still reaches the dead letters. The claim is a
+# lease: `processing` until `locked_until`, then the reaper finishes it as abandoned. SKIP
+# LOCKED: rows another worker holds are not waited for, so concurrent workers (threads or
+# processes) take disjoint batches. Ordered on the partial due index (0001). A message whose
+# last attempt never finished (`run_alone`) is claimed only with `alone`, one at a time.
 CLAIM_DUE = text(
     """
-        SELECT id, source, message_id, event_type, attempts, headers, body, content_type
+    WITH due AS (
+        SELECT id
           FROM inbox_messages
          WHERE status IN ('pending', 'retrying')
            AND next_attempt_at <= now()
            AND source = ANY(CAST(:sources AS text[]))
+           AND run_alone = :alone
          ORDER BY next_attempt_at, id
          LIMIT :limit
            FOR UPDATE SKIP LOCKED
-        """
+    )
+    UPDATE inbox_messages AS m
+       SET status = 'processing',
+           attempts = m.attempts + 1,
+           locked_until = clock_timestamp() + l.lease * interval '1 second'
+      FROM due, unnest(CAST(:sources AS text[]), CAST(:leases AS float8[])) AS l(source, lease)
+     WHERE m.id = due.id
+       AND m.source = l.source
+    RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
+              m.headers, m.body, m.content_type
+    """
 ).columns(headers=JSONB)
 
 
-async def claim_due(conn: AsyncConnection, sources: Sequence[str], limit: int) -> list[MessageRow]:
-    """Lock up to `limit` due messages of `sources` for this transaction."""
-    rows = await conn.execute(CLAIM_DUE, {"sources": list(sources), "limit": limit})
-    return [
+async def claim_due(
+    engine: AsyncEngine, leases: Mapping[str, float], limit: int, *, alone: bool = False
+) -> list[MessageRow]:
+    """Lease up to `limit` due messages of the sources in `leases` (seconds each), in id order.
+
+    Committed at once (one autocommitted statement): the attempts count up by one before
+    anything runs. `alone`: claim among the messages whose last attempt never finished.
+    """
+    params = {
+        "sources": list(leases),
+        "leases": list(leases.values()),
+        "limit": limit,
+        "alone": alone,
+    }
+    async with translate_errors(), engine.connect() as conn:
+        autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        rows = (await autocommit.execute(CLAIM_DUE, params)).all()
+    claimed = [
         MessageRow(
             id=r.id,
             source=r.source,
@@ -164,31 +219,58 @@ async def claim_due(conn: AsyncConnection, sources: Sequence[str], limit: int) -
         )
         for r in rows
     ]
+    claimed.sort(key=lambda row: row.id)
+    return claimed
 
 
-# A forward runs outside any transaction: the claim marks the row `processing` until
-# `locked_until`, counting the attempt now, so that a crash mid-call is still an attempt.
-LEASE = text(
+# The fence before handlers run: lock the claimed rows this attempt still owns (status and
+# attempts as claimed). A row whose lease expired and was reaped, or claimed again, is left
+# out, so a late attempt never commits its effects over a newer one. Once locked, a row is
+# skipped by the reaper and by other claims until this transaction ends, however long it runs.
+HOLD_CLAIMED = text(
     """
-    UPDATE inbox_messages AS m
-       SET status = 'processing',
-           attempts = m.attempts + 1,
-           locked_until = clock_timestamp() + u.lease * interval '1 second'
-      FROM unnest(CAST(:ids AS bigint[]), CAST(:leases AS float8[])) AS u(id, lease)
-     WHERE m.id = u.id
+    SELECT m.id
+      FROM inbox_messages AS m
+      JOIN unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
+        ON m.id = c.id
+     WHERE m.status = 'processing'
+       AND m.attempts = c.attempts
+     ORDER BY m.id
+       FOR UPDATE OF m
     """
 )
 
 
-async def lease(conn: AsyncConnection, leases: Sequence[tuple[int, float]]) -> None:
-    """Mark `(id, seconds)` messages `processing` for that long; attempts count up by one."""
-    if leases:
-        await conn.execute(LEASE, {"ids": [i for i, _ in leases], "leases": [s for _, s in leases]})
+async def hold_claimed(conn: AsyncConnection, rows: Sequence[MessageRow]) -> set[int]:
+    """Lock `rows` for this transaction; the ids still owned by their claimed attempt."""
+    params = {"ids": [r.id for r in rows], "attempts": [r.attempts + 1 for r in rows]}
+    return {r.id for r in await conn.execute(HOLD_CLAIMED, params)}
+
+
+# The worker's cheap look, every poll: is a message that must run alone due?
+ALONE_DUE = text(
+    """
+    SELECT EXISTS (
+        SELECT 1
+          FROM inbox_messages
+         WHERE status IN ('pending', 'retrying')
+           AND next_attempt_at <= now()
+           AND source = ANY(CAST(:sources AS text[]))
+           AND run_alone
+    )
+    """
+)
+
+
+async def alone_due(engine: AsyncEngine, sources: Sequence[str]) -> bool:
+    async with translate_errors(), engine.connect() as conn:
+        return bool((await conn.execute(ALONE_DUE, {"sources": list(sources)})).scalar())
 
 
 # One round trip records a whole batch: the status update and the attempt rows. The update is
 # fenced on the attempts count and status the caller saw, so the outcome of a lease that expired
 # and was claimed again by someone else is dropped instead of overwriting the newer attempt.
+# An attempt that finished clears `run_alone`; one reaped unfinished sets it.
 FINISH_ATTEMPTS = text(
     """
     WITH finished AS (
@@ -200,11 +282,13 @@ FINISH_ATTEMPTS = text(
                                       ELSE m.next_attempt_at END,
                processed_at = CASE WHEN u.status = 'processed' THEN clock_timestamp() END,
                locked_until = NULL,
-               last_error = u.last_error
+               last_error = u.last_error,
+               run_alone = u.unfinished
           FROM unnest(CAST(:ids AS bigint[]), CAST(:statuses AS text[]),
                       CAST(:attempts AS int[]), CAST(:expected AS int[]),
-                      CAST(:delays AS float8[]), CAST(:last_errors AS text[]))
-               AS u(id, status, attempt, expected, delay, last_error)
+                      CAST(:delays AS float8[]), CAST(:last_errors AS text[]),
+                      CAST(:unfinished AS boolean[]))
+               AS u(id, status, attempt, expected, delay, last_error, unfinished)
          WHERE m.id = u.id
            AND m.attempts = u.expected
            AND m.status = ANY(CAST(:from_statuses AS text[]))
@@ -239,8 +323,8 @@ async def finish_attempts(
 ) -> set[int]:
     """Write `results`; the ids actually updated (a lost lease is left out).
 
-    `leased`: the attempts were counted when the rows were leased (forwards, reaped leases);
-    otherwise the rows are still locked by this transaction and the attempt counts now.
+    `leased`: the attempts were counted when the rows were claimed (the worker); otherwise
+    the rows were inserted by this transaction (sync mode) and the attempt counts now.
     """
     if not results:
         return set()
@@ -250,6 +334,7 @@ async def finish_attempts(
         "attempts": [r.attempt for r in results],
         "expected": [r.attempt if leased else r.attempt - 1 for r in results],
         "delays": [r.delay_seconds for r in results],
+        "unfinished": [r.unfinished for r in results],
         "last_errors": [None if r.status == "processed" else last_error_line(r) for r in results],
         "from_statuses": LEASED if leased else UNLEASED,
         "started": [r.started_at for r in results],

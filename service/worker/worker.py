@@ -27,15 +27,18 @@ from service.store.notifications import listen_for_messages
 from service.store.processing import (
     AttemptResult,
     MessageRow,
+    alone_due,
     batch_transaction,
     claim_due,
     expired_leases,
     finish_attempts,
-    lease,
+    hold_claimed,
     message_savepoints,
     record_results,
     short_transaction,
 )
+from service.worker.gate import Gate
+from service.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger("service.worker")
 
@@ -103,6 +106,14 @@ class Worker:
         self._idle: list[asyncio.Event] = []
         self._next = 0
         self._http: httpx.AsyncClient | None = None
+        # Each source's claim lease: a forward's HTTP timeout plus the margin; for Python
+        # handlers the margin alone, since their transaction holds the row locks meanwhile.
+        self._leases = {
+            name: lease_seconds(pipeline.config, self.options.lease_margin_seconds)
+            for name, pipeline in sorted(self.pipelines.items())
+        }
+        self._gate = Gate()
+        self._alone_due = False
 
     # Waking --------------------------------------------------------------------------------
 
@@ -132,6 +143,11 @@ class Worker:
             },
         )
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        watchdog = LoopWatchdog(asyncio.get_running_loop())
+        with watchdog:
+            await self._work(stop, limits)
+
+    async def _work(self, stop: asyncio.Event, limits: httpx.Limits) -> None:
         async with httpx.AsyncClient(limits=limits, follow_redirects=False) as http:
             self._http = http
             loops = [
@@ -182,6 +198,9 @@ class Worker:
             wake.clear()
             while not stop.is_set():
                 try:
+                    if self._alone_due:
+                        self._alone_due = False
+                        await self.run_alone()
                     claimed = await self.run_batch()
                     errors = 0
                 except Exception as exc:
@@ -204,39 +223,94 @@ class Worker:
 
     async def run_batch(self) -> int:
         """Claim and run one batch; the number of messages claimed."""
-        forwards: list[MessageRow] = []
+        async with self._gate.shared():
+            rows = await claim_due(self.engine, self._leases, self.options.batch_size)
+            await self._run_claimed(rows)
+        return len(rows)
+
+    async def run_alone(self) -> int:
+        """Run the due messages whose last attempt never finished, each on its own: nothing
+        else of this process is in flight meanwhile, so if it kills the process again, it
+        takes only its own attempt down. The number of messages run."""
+        count = 0
+        async with self._gate.exclusive():
+            while count < self.options.batch_size:
+                rows = await claim_due(self.engine, self._leases, 1, alone=True)
+                if not rows:
+                    break
+                log.warning(
+                    "running alone: its last attempt never finished",
+                    extra={
+                        "source": rows[0].source,
+                        "message_id": rows[0].message_id,
+                        "id": rows[0].id,
+                        "attempt": rows[0].attempts + 1,
+                    },
+                )
+                await self._run_claimed(rows)
+                count += 1
+        return count
+
+    async def _run_claimed(self, rows: list[MessageRow]) -> None:
+        forwards = [row for row in rows if self.pipelines[row.source].forward is not None]
+        handled = [row for row in rows if self.pipelines[row.source].forward is None]
+        try:
+            if handled:
+                try:
+                    await self._run_handlers(handled)
+                except Exception as exc:
+                    await self._end_attempts(handled, exc)
+                    raise
+        finally:
+            if forwards:
+                await self._forward(forwards)
+
+    async def _run_handlers(self, rows: list[MessageRow]) -> None:
+        """Run Python handlers in one transaction: their effects commit with the outcomes."""
         async with batch_transaction(self.engine) as batch:
-            rows = await claim_due(batch.conn, self.sources, self.options.batch_size)
-            if not rows:
-                return 0
+            held = await hold_claimed(batch.conn, rows)
             results: list[AttemptResult] = []
             savepoints = await message_savepoints(batch.conn)
             for row in rows:
-                pipeline = self.pipelines[row.source]
-                if pipeline.forward is not None:
-                    forwards.append(row)
+                if row.id not in held:
+                    log.warning(
+                        "claim lost before its handlers ran (reaped or claimed again); skipped",
+                        extra={"source": row.source, "message_id": row.message_id, "id": row.id},
+                    )
                     continue
-                result, _ = await run_handlers(batch.session, savepoints, pipeline, row)
+                result, _ = await run_handlers(
+                    batch.session, savepoints, self.pipelines[row.source], row
+                )
                 results.append(result)
             await savepoints.flush()
-            await lease(
-                batch.conn,
-                [
-                    (
-                        row.id,
-                        lease_seconds(
-                            self.pipelines[row.source].config, self.options.lease_margin_seconds
-                        ),
-                    )
-                    for row in forwards
-                ],
-            )
-            await finish_attempts(batch.conn, results, self.actor)
-        # Committed: effects and processed marks together, and the forwards' leases.
+            await finish_attempts(batch.conn, results, self.actor, leased=True)
+        # Committed: effects and processed marks together.
         self._count(rows, results)
-        if forwards:
-            await self._forward(forwards)
-        return len(rows)
+
+    async def _end_attempts(self, rows: list[MessageRow], exc: Exception) -> None:
+        """The batch's transaction failed (the database, not a handler): end its attempts now
+        as retryable failures instead of leaving them to the reaper. Best effort: if the
+        database is gone, the reaper does it once their claims expire."""
+        now = datetime.now(UTC)
+        error = f"the attempt's transaction failed: {type(exc).__name__}: {exc}"
+        results = [
+            failed_attempt(
+                row.id,
+                row.attempts + 1,
+                self.pipelines[row.source],
+                now,
+                "TransactionFailed",
+                error,
+            )
+            for row in rows
+        ]
+        try:
+            await record_results(self.engine, results, self.actor, leased=True)
+        except Exception as again:
+            log.warning(
+                "could not end the failed batch's attempts; their claims will expire",
+                extra={"error": f"{type(again).__name__}: {again}", "count": len(rows)},
+            )
 
     async def _forward(self, rows: list[MessageRow]) -> None:
         assert self._http is not None
@@ -271,38 +345,60 @@ class Worker:
             try:
                 if await self.reap_expired_leases():
                     self.wake_one()
+                if await alone_due(self.engine, self.sources):
+                    self._alone_due = True
+                    self.wake_one()
             except Exception as exc:
                 log.warning("lease reaping failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
     async def reap_expired_leases(self) -> int:
-        """Finish expired leases as abandoned attempts: retrying, or dead when out of attempts."""
+        """Finish expired claims as unfinished attempts: retrying (run alone next), or dead when
+        out of attempts."""
         async with short_transaction(self.engine) as conn:
             expired = await expired_leases(conn, self.sources, REAP_LIMIT)
             now = datetime.now(UTC)
-            results = []
-            for message_id, source, attempts in expired:
-                failure = retry_failure(
+            results = [
+                failed_attempt(
+                    message_id,
                     attempts,
-                    self.pipelines[source].config,
-                    "LeaseExpired",
-                    "the lease expired before its worker recorded an outcome "
-                    "(worker killed or stuck)",
-                    None,
+                    self.pipelines[source],
+                    now,
+                    "AttemptNeverFinished",
+                    "the attempt never finished: its worker process exited or was killed, or "
+                    "lost the database, before recording an outcome (claim expired)",
+                    outcome="abandoned",
+                    unfinished=True,
                 )
-                results.append(
-                    AttemptResult(
-                        message_id,
-                        attempts,
-                        failure.status,
-                        "abandoned" if failure.status == "retrying" else "dead",
-                        now,
-                        now,
-                        delay_seconds=failure.delay_seconds,
-                        error_type=failure.error_type,
-                        error=failure.error,
-                    )
-                )
+                for message_id, source, attempts in expired
+            ]
             await finish_attempts(conn, results, self.actor, leased=True)
         if results:
-            log.warning("expired leases reaped", extra={"count": len(results)})
+            log.warning("expired claims reaped", extra={"count": len(results)})
         return len(results)
+
+
+def failed_attempt(
+    message_id: int,
+    attempt: int,
+    pipeline: Pipeline,
+    now: datetime,
+    error_type: str,
+    error: str,
+    *,
+    outcome: str = "failed",
+    unfinished: bool = False,
+) -> AttemptResult:
+    """A failed attempt without a Python exception of the handler's: retrying, or dead."""
+    failure = retry_failure(attempt, pipeline.config, error_type, error, None)
+    return AttemptResult(
+        message_id,
+        attempt,
+        failure.status,
+        outcome if failure.status == "retrying" else "dead",
+        now,
+        now,
+        delay_seconds=failure.delay_seconds,
+        error_type=failure.error_type,
+        error=failure.error,
+        unfinished=unfinished,
+    )

@@ -1,0 +1,162 @@
+"""`webhook-inbox serve`: database and migrations, then HTTP and processing child processes.
+
+The parent binds the listening socket, starts the embedded PostgreSQL when there is no
+`DATABASE_URL`, applies migrations and prints the banner; then it only supervises. HTTP
+children (`--workers`) share the socket and run uvicorn; processing children
+(`--worker-processes`) each run `webhook-inbox worker`. A handler that blocks, leaks or kills
+its process takes no HTTP process with it, and the supervisor starts it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from service.core.config import MAX_REQUEST_HEAD_BYTES, Settings
+from service.core.db import EmbeddedPostgres, create_engine, describe_url
+from service.core.migrations import upgrade
+from service.core.security import ensure_admin_tokens
+from service.inbox_config import InboxConfig
+from service.supervisor import Role, Supervisor
+
+log = logging.getLogger("service.serve")
+
+# What the supervisor hands its children in the environment.
+LISTEN_FD_ENV = "INBOX_LISTEN_FD"
+PROCESSING_STATE_ENV = "INBOX_PROCESSING_STATE"
+
+# uvicorn's graceful shutdown: in-flight requests get this long after SIGTERM.
+HTTP_GRACE_SECONDS = 30.0
+
+
+def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
+    base = f"http://{host}:{port}"
+    tokens, token_file = ensure_admin_tokens(settings)
+    lines = [f"webhook-inbox serving on {base} (API docs: {base}/docs)"]
+    if token_file is not None:
+        lines += [
+            f"admin token: {tokens[0]}",
+            f"  (generated on first start, stored in {token_file}; read it with: cat {token_file})",
+        ]
+    else:
+        lines.append("admin tokens: from INBOX_ADMIN_TOKENS")
+    lines.append(f"sources: {', '.join(inbox.sources) or 'none (set INBOX_CONFIG)'}")
+    for source in inbox.sources.values():
+        example = source.example_curl(base)
+        if example:
+            lines += [
+                f"send a signed delivery to '{source.name}' (repeat it: a duplicate):",
+                example,
+            ]
+            break
+    return "\n".join(lines)
+
+
+async def migrate(url: str, settings: Settings) -> None:
+    engine = create_engine(url, settings)
+    try:
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The socket every HTTP child accepts on (bound here, so a restarted child finds it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> None:
+    """Run `serve` until SIGTERM, SIGINT or SIGHUP; every child drains before it returns."""
+    embedded = None if settings.database_url else EmbeddedPostgres.start(settings.data_dir)
+    url = settings.database_url or (embedded.url if embedded else "")
+    state_dir = Path(tempfile.mkdtemp(prefix="webhook-inbox-"))
+    sock: socket.socket | None = None
+    try:
+        log.info("database", extra={"url": describe_url(url)})
+        settings = settings.model_copy(update={"database_url": url})
+        if not args.no_migrate:
+            asyncio.run(migrate(url, settings))
+        host = args.host or settings.host
+        port = args.port or settings.port
+        sock = listening_socket(host, port)
+        print(banner(settings, inbox, host, port), flush=True)
+        processes = 0 if args.no_worker else args.worker_processes
+        python = [sys.executable, "-m"]
+        roles = [
+            Role("http", [*python, "service.serve"], args.workers, (sock.fileno(),)),
+            Role("processing", [*python, "service", "worker"], processes),
+        ]
+        state = state_dir / "children.json"
+        env = {
+            **os.environ,
+            # Children read their settings from the environment: the same database, and the
+            # embedded server's URL when that is what runs.
+            "DATABASE_URL": url,
+            LISTEN_FD_ENV: str(sock.fileno()),
+            PROCESSING_STATE_ENV: str(state),
+        }
+        stop_timeout = max(HTTP_GRACE_SECONDS, settings.worker_grace_seconds) + 15
+        Supervisor(roles, env, state, stop_timeout=stop_timeout).run()
+    finally:
+        if sock is not None:
+            sock.close()
+        shutil.rmtree(state_dir, ignore_errors=True)
+        if embedded is not None:
+            embedded.stop()
+    log.info("stopped")
+
+
+def http_protocol() -> Any:
+    """uvicorn's HTTP implementation: httptools (faster) with our head bound, else h11."""
+    try:
+        from service.core.http_protocol import BoundedHttpToolsProtocol
+    except ImportError:  # httptools is not installed
+        return "h11"
+    return BoundedHttpToolsProtocol
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "log_config": None,
+        "access_log": False,
+        "timeout_keep_alive": 5,
+        # Beyond this many concurrent connections uvicorn answers 503 instead of queueing.
+        "limit_concurrency": settings.max_connections,
+        # Request heads larger than this are refused: by h11 itself, or by our subclass of
+        # the httptools protocol, since httptools has no bound of its own (431, then close).
+        "http": http_protocol(),
+        "h11_max_incomplete_event_size": MAX_REQUEST_HEAD_BYTES,
+        "timeout_graceful_shutdown": HTTP_GRACE_SECONDS,
+    }
+
+
+def run_http_child() -> None:
+    """One HTTP child: uvicorn serving the app on the supervisor's socket until SIGTERM."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.cli import load
+
+    settings, inbox, _ = load(role="http")
+    sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
+    state = os.environ.get(PROCESSING_STATE_ENV)
+    app = create_app(settings, inbox, processing_state=Path(state) if state else None)
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(settings)))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    run_http_child()

@@ -1,0 +1,229 @@
+"""`webhook-inbox serve`'s parent process: it only supervises the HTTP and processing children.
+
+As gunicorn's arbiter and uvicorn's supervisor do: the work happens in children that can die
+alone. A child that exits is logged with its exit status and started again after a backoff
+that doubles while it keeps dying young; SIGTERM, SIGINT or SIGHUP is passed on to every child
+as SIGTERM, and the parent waits for them to drain before it returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+log = logging.getLogger("service.supervisor")
+
+# Backoff before restarting a child: doubles from the first to the cap while the child keeps
+# exiting within STABLE_SECONDS of its start, and starts over once one has lived that long.
+FIRST_RESTART_SECONDS = 0.5
+MAX_RESTART_SECONDS = 30.0
+STABLE_SECONDS = 30.0
+TICK_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Role:
+    """One kind of child: how to start it and how many run at once."""
+
+    name: str
+    argv: Sequence[str]
+    count: int
+    pass_fds: tuple[int, ...] = ()
+
+
+@dataclass
+class Child:
+    role: Role
+    slot: int
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart_at: float | None = 0.0  # when to (re)start; None while running
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def restart_delay(failures: int) -> float:
+    exponent = min(max(failures - 1, 0), 16)
+    return float(min(FIRST_RESTART_SECONDS * 2**exponent, MAX_RESTART_SECONDS))
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: a child gets SIGTERM (and drains) if the supervisor itself is killed."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    """Keeps `roles` running until a stop signal, then drains them within `stop_timeout`."""
+
+    def __init__(
+        self,
+        roles: Sequence[Role],
+        env: Mapping[str, str],
+        state_path: Path,
+        *,
+        stop_timeout: float,
+    ) -> None:
+        self.children = [Child(role, slot) for role in roles for slot in range(role.count)]
+        self.env = dict(env)
+        self.state_path = state_path
+        self.stop_timeout = stop_timeout
+        self._stop_signal: int | None = None
+        self._written: dict[str, int] | None = None
+
+    def run(self) -> int:
+        """Supervise until asked to stop; 0 once every child has exited."""
+        previous = self._install_signal_handlers()
+        try:
+            while self._stop_signal is None:
+                self._tick()
+                time.sleep(TICK_SECONDS)
+            log.info(
+                "stopping: draining every child",
+                extra={"signal": signal.Signals(self._stop_signal).name},
+            )
+            self._drain()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return 0
+
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        if self._stop_signal is None:
+            self._stop_signal = signum
+
+    # One pass: notice exits, start what is due, publish the state -------------------------
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            process = child.process
+            if process is not None and child.restart_at is None and process.poll() is not None:
+                lived = now - child.started_at
+                child.failures = 1 if lived >= STABLE_SECONDS else child.failures + 1
+                delay = restart_delay(child.failures)
+                child.restart_at = now + delay
+                log.error(
+                    "child exited; restarting it",
+                    extra={
+                        "child_role": child.role.name,
+                        "child_pid": process.pid,
+                        "exit_status": describe_exit(process.returncode),
+                        "lived_s": round(lived, 3),
+                        "restart_in_s": delay,
+                    },
+                )
+            if child.restart_at is not None and child.restart_at <= now:
+                self._start(child)
+        self._publish()
+
+    def _start(self, child: Child) -> None:
+        role = child.role
+        try:
+            child.process = subprocess.Popen(
+                list(role.argv),
+                env=self.env,
+                pass_fds=role.pass_fds,
+                process_group=0,  # the terminal's Ctrl-C reaches the supervisor alone
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        except OSError as exc:
+            child.failures += 1
+            child.restart_at = time.monotonic() + restart_delay(child.failures)
+            log.error(
+                "could not start child",
+                extra={"child_role": role.name, "error": f"{type(exc).__name__}: {exc}"},
+            )
+            return
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        log.info("child started", extra={"child_role": role.name, "child_pid": child.process.pid})
+
+    def alive_by_role(self) -> dict[str, int]:
+        counts = {child.role.name: 0 for child in self.children}
+        for child in self.children:
+            if child.restart_at is None and child.alive:
+                counts[child.role.name] += 1
+        return counts
+
+    def _publish(self) -> None:
+        """Write how many children of each role are alive and expected, for `/readyz`."""
+        state = {f"{name}_alive": n for name, n in self.alive_by_role().items()}
+        for child in self.children:
+            key = f"{child.role.name}_expected"
+            state[key] = state.get(key, 0) + 1
+        if state == self._written:
+            return
+        partial = self.state_path.with_suffix(".tmp")
+        partial.write_text(json.dumps(state))
+        os.replace(partial, self.state_path)
+        self._written = state
+
+    # Stopping ------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        running = [c.process for c in self.children if c.process is not None]
+        for process in running:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        for process in running:
+            try:
+                process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.error(
+                    "child did not drain in time; killing it",
+                    extra={"child_pid": process.pid, "stop_timeout_s": self.stop_timeout},
+                )
+                process.kill()
+                process.wait()
+        for child in self.children:
+            # uvicorn re-raises the SIGTERM it drained on: that exit is a clean one too.
+            clean = (0, None, -signal.SIGTERM)
+            if child.process is not None and child.process.returncode not in clean:
+                log.warning(
+                    "child stopped",
+                    extra={
+                        "child_role": child.role.name,
+                        "child_pid": child.process.pid,
+                        "exit_status": describe_exit(child.process.returncode),
+                    },
+                )
+        self._publish()
+
+    def _install_signal_handlers(
+        self,
+    ) -> dict[int, Callable[[int, FrameType | None], object] | int | None]:
+        previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.request_stop(signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, on_signal)
+        return previous
