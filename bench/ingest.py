@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--systems",
-        default="generic,standard-webhooks,baseline-A,baseline-B",
+        default="generic,generic-serve,standard-webhooks,baseline-A,baseline-B",
         help="comma-separated subset of the systems to run",
     )
     parser.add_argument(
@@ -199,6 +199,15 @@ def build_processes(
                     "standard-webhooks",
                 ),
             ],
+            service_url,
+        ),
+        # The default `serve`: the same HTTP process, with a processing process beside it on
+        # the same two cores (it marks the handler-less source's messages processed).
+        Process(
+            "service-serve",
+            [*console_script("webhook-inbox"), "serve", "--no-migrate"],
+            service_env,
+            [Target("generic-serve", "/webhooks/generic", "inbox_messages", "generic")],
             service_url,
         ),
         Process("baseline-A", [*baseline, "noop"], {}, [Target("baseline-A", "/webhooks/generic")]),

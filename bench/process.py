@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,10 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="worker process counts to run (1,2)")
     parser.add_argument(
         "--rates",
-        default="1000,300",
-        help="offered deliveries/s, one latency run (fresh server) each (1000,300)",
+        default="1000,1500,2000,2500",
+        help="offered deliveries/s, one latency run (fresh `serve`) each (1000,1500,2000,2500)",
     )
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load (20)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (60)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load first (3)")
     parser.add_argument("--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL")
     parser.add_argument(
@@ -336,34 +338,106 @@ def openloop(url: str, rate: float, duration: float, prefix: str, acked: Path) -
     return result
 
 
+# A backlog is bounded when its oldest unfinished message never gets older than this.
+BOUNDED_AGE_SECONDS = 5.0
+
+BACKLOG = """
+SELECT count(*) AS n,
+       coalesce(extract(epoch FROM clock_timestamp() - min(received_at)), 0) AS oldest
+  FROM inbox_messages
+ WHERE status IN ('pending', 'retrying', 'processing')
+"""
+
+
+class BacklogSampler:
+    """The backlog and its oldest message's age, read from the database once a second."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        conn = await asyncpg.connect(self.url)
+        try:
+            started = time.monotonic()
+            while not self._stop.is_set():
+                row = await conn.fetchrow(BACKLOG)
+                self.samples.append(
+                    {
+                        "t": round(time.monotonic() - started, 1),
+                        "backlog": row["n"],
+                        "oldest_s": round(float(row["oldest"]), 3),
+                    }
+                )
+                await asyncio.sleep(1.0)
+        finally:
+            await conn.close()
+
+    def __enter__(self) -> BacklogSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """`serve`'s supervisor and every child it runs (HTTP and processing)."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def tree_cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            total += sum(process.cpu_times()[:2])
+    return total
+
+
 def run_latency(
     url: str, env: dict[str, str], work: Path, args: argparse.Namespace, rate: float
 ) -> dict[str, Any]:
+    """The default `serve` (supervisor, one HTTP and one processing process) under an
+    open-loop `rate` for `args.duration` seconds, the backlog sampled every second."""
     asyncio.run(prepare(url))
     command = [*console_script("webhook-inbox"), "serve", "--no-migrate"]
     with Server("service", command, env, work / "serve.log") as srv:
+        asyncio.run(wait_for_listeners(url, 1))
         if args.warmup > 0:
             openloop(f"{srv.url}/webhooks/bench", rate, args.warmup, "warm", work / "w.txt")
             asyncio.run(wait_drained(url, timeout=120))
         load_before = os.getloadavg()[0]
-        process = psutil.Process(srv.pid)
-        cpu_before = sum(process.cpu_times()[:2])
-        load = openloop(f"{srv.url}/webhooks/bench", rate, args.duration, "lat", work / "a.txt")
+        tree = process_tree(srv.pid)
+        cpu_before = tree_cpu_seconds(tree)
+        with BacklogSampler(url) as backlog:
+            load = openloop(f"{srv.url}/webhooks/bench", rate, args.duration, "lat", work / "a.txt")
         drained = asyncio.run(wait_drained(url, timeout=120))
-        cpu = sum(process.cpu_times()[:2]) - cpu_before
+        cpu = tree_cpu_seconds(tree) - cpu_before
         facts = asyncio.run(latency_facts(url, "lat"))
-        rss_now = process.memory_info().rss
+        rss_mb = {}
+        for process in tree:
+            with contextlib.suppress(psutil.Error):
+                name = "supervisor" if process.pid == srv.pid else " ".join(process.cmdline()[-2:])
+                rss_mb[name] = round(process.memory_info().rss / 2**20, 1)
     acked = set((work / "a.txt").read_text().split())
     stored = asyncio.run(stored_ids(url, "lat"))
     load.pop("per_second")
+    oldest = max((sample["oldest_s"] for sample in backlog.samples), default=0.0)
     return {
         "load": load,
         "db_latency_ms": facts,
         "drained": drained,
         "acked_missing": len(acked - stored),
+        "backlog_per_second": backlog.samples,
+        "max_oldest_pending_s": oldest,
+        "bounded": oldest <= BOUNDED_AGE_SECONDS and drained,
         "service_cpu_seconds": round(cpu, 1),
-        "service_rss_mb": round(rss_now / 2**20, 1),
-        "service_peak_rss_mb": round(srv.peak_rss / 2**20, 1),
+        "service_rss_mb": rss_mb,
+        "service_peak_rss_mb": max(rss_mb.values(), default=0.0),
         "loadavg_before": load_before,
     }
 
@@ -399,9 +473,11 @@ def render(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
         lines += [
             "",
             "offered/s  achieved/s  acked   non-2xx  errors  HTTP p50/p99 ms   "
-            "accept-to-effect p50/p90/p99 ms  processed_at p50/p99 ms  serve CPU s  RSS MB",
+            "accept-to-effect p50/p90/p99 ms  processed_at p50/p99 ms  oldest pending max s  "
+            "serve CPU s  RSS MB",
             "---------  ----------  ------  -------  ------  ---------------   "
-            "-------------------------------  -----------------------  -----------  ------",
+            "-------------------------------  -----------------------  --------------------  "
+            "-----------  ------",
         ]
     for latency in latencies:
         load, db = latency["load"], latency["db_latency_ms"]
@@ -410,14 +486,19 @@ def render(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
             f"{load['acked']:>6}  {load['non_2xx']:>7}  {load['errors']:>6}  "
             f"{load['latency_ms']['p50']:>7}/{load['latency_ms']['p99']:<8}  "
             f"{db['e50']:>9}/{db['e90']}/{db['e99']:<12}  "
-            f"{db['p50']:>12}/{db['p99']:<10}  {latency['service_cpu_seconds']:>11}  "
-            f"{latency['service_peak_rss_mb']:>6}"
+            f"{db['p50']:>12}/{db['p99']:<10}  "
+            f"{latency['max_oldest_pending_s']:>8.1f} "
+            f"{'(bounded)' if latency['bounded'] else '(GROWING)':>11}  "
+            f"{latency['service_cpu_seconds']:>11}  {latency['service_peak_rss_mb']:>6}"
         )
     if latencies:
         lines += [
             "",
             "accept-to-effect: the handler's row's clock_timestamp() - received_at, from the "
             "database; HTTP latency counts from when each request was due (open loop).",
+            f"bounded: the oldest unfinished message never older than "
+            f"{BOUNDED_AGE_SECONDS:g} s (sampled each second) and the backlog drained after.",
+            "serve: the supervisor, one HTTP and one processing process; CPU and RSS over all.",
             "every acked id stored: "
             + ", ".join(
                 f"{x['load']['target_rate']:g}/s "
@@ -429,29 +510,41 @@ def render(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
 
 
 def targets(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
-    lines = ["", "targets (issue 5):"]
+    lines = ["", "targets:"]
+
+    def line(ok: bool, what: str, measured: str) -> None:
+        lines.append(f"  {'PASS' if ok else 'FAIL'}  {what:<52} {measured}")
+
     one = [d for d in drains if d.workers == 1]
     if one:
-        ok = one[0].rate >= 3000
-        lines.append(
-            f"  {'PASS' if ok else 'FAIL'}  >= 3000 msgs/s with one worker process   "
-            f"{one[0].rate:.0f}"
+        line(one[0].rate >= 3000, ">= 3000 msgs/s with one worker process", f"{one[0].rate:.0f}")
+    at_1000 = [x for x in latencies if x["load"]["target_rate"] == 1000]
+    for latency in at_1000:
+        load, db = latency["load"], latency["db_latency_ms"]
+        p99 = load["latency_ms"]["p99"]
+        line(p99 is not None and p99 < 100, "HTTP p99 < 100 ms at 1000/s", f"{p99} ms")
+        e50, e99 = db["e50"], db["e99"]
+        line(e50 is not None and e50 < 50, "accept-to-processed p50 < 50 ms at 1000/s", f"{e50} ms")
+        line(
+            e99 is not None and e99 < 500, "accept-to-processed p99 < 500 ms at 1000/s", f"{e99} ms"
         )
-    for latency in latencies[:1]:
-        p50 = latency["db_latency_ms"]["e50"]
-        achieved = latency["load"]["achieved_rate"]
-        ok = p50 is not None and p50 < 50 and achieved >= 0.98 * latency["load"]["target_rate"]
-        lines.append(
-            f"  {'PASS' if ok else 'FAIL'}  accept-to-processed p50 < 50 ms at "
-            f"{latency['load']['target_rate']:.0f}/s   p50 {p50} ms at {achieved}/s offered"
+        line(
+            latency["bounded"],
+            "backlog bounded at 1000/s for the whole run",
+            f"oldest {latency['max_oldest_pending_s']:.1f} s",
         )
+        bad = load["non_2xx"] + load["errors"]
+        line(bad == 0, "no non-2xx answer at 1000/s", f"{bad}")
+    bounded = [
+        x["load"]["target_rate"] for x in latencies if x["bounded"] and not x["load"]["non_2xx"]
+    ]
+    if latencies:
+        best = max(bounded, default=0.0)
+        line(best >= 2500, "highest offered rate with a bounded backlog >= 2500/s", f"{best:.0f}/s")
     rss = [r for d in drains for r in d.peak_rss_mb]
     rss += [x["service_peak_rss_mb"] for x in latencies]
     if rss:
-        lines.append(
-            f"  {'PASS' if max(rss) < 200 else 'FAIL'}  RSS < 200 MB                             "
-            f"peak {max(rss):.0f} MB"
-        )
+        line(max(rss) < 200, "RSS < 200 MB per process", f"peak {max(rss):.0f} MB")
     return "\n".join(lines)
 
 

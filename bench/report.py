@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from bench.ingest import Cell, Process
 
 MIB = 1024 * 1024
-SERVICE_TARGETS = ("generic", "standard-webhooks")
+SERVICE_TARGETS = ("generic", "generic-serve", "standard-webhooks")
 
 
 def progress_line(target: str, connections: int, mode: str, run: dict[str, Any]) -> str:
@@ -62,6 +62,8 @@ def summarise(
             "generic/A": ratio("generic", "baseline-A", conns, mode),
             "generic/B": ratio("generic", "baseline-B", conns, mode),
             "std-webhooks/generic": ratio("standard-webhooks", "generic", conns, mode),
+            # What the processing process beside HTTP costs ingest (default `serve`).
+            "serve/no-worker": ratio("generic-serve", "generic", conns, mode),
         }
         for conns in args.connections
         for mode in ("unique", "dup50")
@@ -83,6 +85,10 @@ def summarise(
         ("generic >= 1.5x baseline A rps", *all_ratios("generic/A", 1.5)),
         ("generic >= 10x baseline B rps", *all_ratios("generic/B", 10)),
         ("standard-webhooks >= 0.9x generic rps", *all_ratios("std-webhooks/generic", 0.9)),
+        (
+            "default serve >= 0.85x serve --no-worker rps",
+            *all_ratios("serve/no-worker", 0.85),
+        ),
         (
             "service p99 <= 25 ms at 32 connections",
             all(r["p99_ms"] <= 25 for r in p99_32) if p99_32 else None,
@@ -133,16 +139,19 @@ def render(summary: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "ratios (req/s)     conns  ids     generic/A  generic/B  std-webhooks/generic",
-        "-----------------  -----  ------  ---------  ---------  --------------------",
+        "ratios (req/s)     conns  ids     generic/A  generic/B  std-webhooks/generic  "
+        "serve/no-worker",
+        "-----------------  -----  ------  ---------  ---------  --------------------  "
+        "---------------",
     ]
     for r in summary["ratios"]:
         lines.append(
             f"{'':<17}  {r['connections']:>5}  {r['mode']:<6}  {_fmt(r['generic/A']):>9}  "
-            f"{_fmt(r['generic/B']):>9}  {_fmt(r['std-webhooks/generic']):>20}"
+            f"{_fmt(r['generic/B']):>9}  {_fmt(r['std-webhooks/generic']):>20}  "
+            f"{_fmt(r['serve/no-worker']):>15}"
         )
     rss = ", ".join(f"{k} {v:.0f} MB" for k, v in summary["peak_rss_mb"].items())
-    lines += ["", f"peak RSS: {rss}", "", "targets (issue 5):"]
+    lines += ["", f"peak RSS: {rss}", "", "targets:"]
     for t in summary["targets"]:
         verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]
         lines.append(f"  {verdict}  {t['target']:<42} {t['detail']}")
