@@ -20,6 +20,7 @@ from service.core.config import (
 )
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
+from service.core.metrics import Metrics
 from service.inbox_config import InboxConfig, load_inbox_config
 from service.processing.pipeline import Pipeline, resolve_pipelines
 from service.retention import PruneReport, prune
@@ -198,7 +199,8 @@ def worker(args: argparse.Namespace) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_worker(settings, url, pipelines, stop, retention=inbox)
+        metrics = Metrics(sources=inbox.sources)
+        await run_worker(settings, url, pipelines, stop, metrics=metrics, retention=inbox)
 
     try:
         asyncio.run(run())

@@ -23,6 +23,7 @@ from typing import Any
 
 from service.core.config import MAX_REQUEST_HEAD_BYTES, Settings
 from service.core.db import EmbeddedPostgres, create_engine, describe_url
+from service.core.metrics import MULTIPROCESS_ENV
 from service.core.migrations import upgrade
 from service.core.security import ensure_admin_tokens
 from service.inbox_config import InboxConfig
@@ -99,6 +100,8 @@ def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> N
             Role("processing", [*python, "service", "worker"], processes),
         ]
         state = state_dir / "children.json"
+        shared_metrics = state_dir / "metrics"
+        shared_metrics.mkdir()
         env = {
             **os.environ,
             # Children read their settings from the environment: the same database, and the
@@ -106,6 +109,7 @@ def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> N
             "DATABASE_URL": url,
             LISTEN_FD_ENV: str(sock.fileno()),
             PROCESSING_STATE_ENV: str(state),
+            MULTIPROCESS_ENV: str(shared_metrics),
         }
         stop_timeout = max(HTTP_GRACE_SECONDS, settings.worker_grace_seconds) + 15
         Supervisor(roles, env, state, stop_timeout=stop_timeout).run()

@@ -104,11 +104,24 @@ async def test_two_server_processes_share_one_database_exactly_once(
         answers = await deliver_each_twice(server.url, ids)
         await assert_effects_once(db, ids)
         children = child_pids(server)
+        scraped = httpx.get(f"{server.url}/metrics").text
     assert_recorded_once(answers)
     # Both processes answered deliveries (their pids are children of `serve`, not `serve`).
     served = serving_pids(server)
     assert len(served) == 2, served
     assert served <= children
+    # One scrape, answered by one HTTP process, counts what every process did.
+    assert metric_sum(scraped, "webhook_inbox_deliveries_total", 'outcome="accepted"') == 200
+    assert metric_sum(scraped, "webhook_inbox_deliveries_total", 'outcome="duplicate"') == 200
+    assert metric_sum(scraped, "webhook_inbox_attempts_total", 'outcome="processed"') == 200
+
+
+def metric_sum(text: str, name: str, label: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    )
 
 
 async def test_two_server_processes_share_the_embedded_database(tmp_path: Path) -> None:

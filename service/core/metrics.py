@@ -1,7 +1,9 @@
-"""Prometheus metrics: one registry per app, so each test's app (and each process) counts alone."""
+"""Prometheus metrics: one registry per app, so each test's app counts alone; under `serve`,
+every process writes its counters to a shared directory and `/metrics` sums them all."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -23,6 +26,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Ingest answers in milliseconds; the top buckets catch a database that has started to stall.
 INGEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# Set by `serve` for its children (prometheus_client reads it when it is imported): each
+# process's counters go to files there, and any HTTP process's `/metrics` adds them up.
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # The `source` label of a delivery to a name that is not configured: anyone can send those, and
 # a label per made-up name would grow the registry without bound.
@@ -68,9 +75,13 @@ class Metrics:
 
     def __init__(self, sources: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
+        self.shared_dir = os.environ.get(MULTIPROCESS_ENV)
+        if self.shared_dir is None:
+            # One process: its own process_* and python_* series. (Under `serve` they would
+            # describe whichever process answered the scrape, so they are left out.)
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
         self.deliveries = Counter(
             "webhook_inbox_deliveries",
             "Messages and requests received, by source and outcome (accepted, duplicate, "
@@ -112,6 +123,13 @@ class Metrics:
         )
         self._inbox = _InboxCollector()
         self.registry.register(self._inbox)
+        self._exposed = self.registry
+        if self.shared_dir is not None:
+            # Scrapes read every process's files (HTTP and processing, live and dead: a
+            # counter must not go back when a child is restarted), plus the database gauges.
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=self.shared_dir)  # type: ignore[no-untyped-call]
+            self._exposed.register(self._inbox)
         # Series that exist from the start, at zero, so that rate() and alerts see them before
         # the first event rather than appearing out of nowhere.
         for source in sources:
@@ -143,4 +161,4 @@ class Metrics:
         self._inbox.snapshot = snapshot
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)
