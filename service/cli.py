@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=positive,
         default=1,
+        metavar="N",
         help="HTTP server processes, as in uvicorn (default 1)",
     )
     serve.add_argument(
