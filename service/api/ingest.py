@@ -19,7 +19,7 @@ from service.core.problems import problem, problem_responses, unavailable
 from service.core.request_id import REQUEST_ID, request_id_of
 from service.core.state import AppState, StateDep
 from service.processing.sync import HandlerFailed, SyncProcessor
-from service.sources.base import Handshake, RawDelivery, Rejected, Source
+from service.sources.base import BadDelivery, Handshake, RawDelivery, Rejected, Source
 from service.sources.limits import (
     MAX_CONTENT_TYPE_LENGTH,
     MAX_EVENT_TYPE_LENGTH,
@@ -29,7 +29,7 @@ from service.sources.limits import (
     check_headers,
     checked_content_type,
 )
-from service.store.errors import StoreOverloaded, StoreUnavailable
+from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
 from service.store.ingest import record_messages
 
 log = logging.getLogger("service.ingest")
@@ -248,6 +248,10 @@ async def handle_delivery(
             results = await state.committer.record(
                 source, verdict.items, headers, body, content_type
             )
+    except StoreRefused as exc:
+        # The delivery's own values, not the database's health: a 4xx for this request only.
+        refusal = BadDelivery(f"the database cannot store this delivery: {exc}")
+        return refuse(configured, refusal, metrics, started)
     except StoreOverloaded:
         log_delivery(metrics, source, None, "unavailable:overloaded", started)
         return unavailable("too many deliveries are waiting for the database; nothing was recorded")

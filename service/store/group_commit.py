@@ -17,7 +17,9 @@ from service.sources.base import Message, Recorded
 from service.store.errors import (
     StoreOverloaded,
     StoreUnavailable,
+    is_refusal,
     is_unavailable,
+    refused,
     translate_errors,
 )
 from service.store.ingest import NOTIFY_CHANNEL
@@ -70,9 +72,10 @@ class GroupCommitter:
     A request's entry is written by the next free flusher together with every entry that
     arrived while the flushers were busy (at most `max_batch` messages), so an idle service
     writes a lone request at once and a busy one amortises each COMMIT over many requests.
-    Each request's future resolves only after the COMMIT that holds its rows, or fails with
-    `StoreUnavailable` if that transaction failed: a failed batch acknowledges none of its own
-    requests and touches no other batch's.
+    Each request's future resolves only after the COMMIT that holds its rows. When the
+    database is unreachable the whole batch fails with `StoreUnavailable`; when it refuses a
+    row (`StoreRefused`), only the request that brought the row fails and the rest of the
+    batch is written without it.
     """
 
     def __init__(
@@ -181,7 +184,7 @@ class GroupCommitter:
                     if connection is None or connection.is_closed():
                         async with translate_errors():
                             connection = await self._connect()
-                    self._resolve(batch, await self._write(connection, batch))
+                    await self._write_isolating(connection, batch)
                 except Exception as exc:
                     if connection is not None and is_unavailable(exc):
                         connection.terminate()
@@ -191,14 +194,53 @@ class GroupCommitter:
             if connection is not None:
                 connection.terminate()
 
+    async def _write_isolating(self, pg: asyncpg.Connection, batch: list[_Entry]) -> None:
+        """Write `batch` and answer its requests; a refused row fails only its own request.
+
+        A refused row aborts the whole transaction, so the batch is halved and each half
+        written again until the refused requests stand alone: one bad delivery among n
+        requests costs about 2·log2(n) more transactions, and the others still commit.
+        """
+        try:
+            results = await self._write(pg, batch)
+        except Exception as exc:
+            if not is_refusal(exc):
+                raise
+            if len(batch) == 1:
+                self._refuse(batch[0], exc)
+                return
+            middle = len(batch) // 2
+            await self._write_isolating(pg, batch[:middle])
+            await self._write_isolating(pg, batch[middle:])
+            return
+        self._resolve(batch, results)
+
+    @staticmethod
+    def _refuse(entry: _Entry, exc: Exception) -> None:
+        """Fail the one request whose rows the database refused."""
+        failure = refused(exc)
+        log.warning(
+            "group commit refused a delivery",
+            extra={"source": entry.source, "error": str(failure), "messages": len(entry.messages)},
+        )
+        if not entry.done.done():
+            entry.done.set_exception(failure)
+
     @staticmethod
     def _fail(batch: list[_Entry], exc: Exception) -> None:
-        """Fail every request of `batch`: none of its rows was committed."""
-        failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(str(exc))
+        """Fail every request of `batch` still waiting: none of their rows was committed."""
         if not isinstance(exc, StoreUnavailable):
             log.error("group commit failed", exc_info=exc, extra={"requests": len(batch)})
         for entry in batch:
-            if not entry.done.done():
+            if entry.done.done():
+                continue
+            if isinstance(exc, StoreUnavailable):
+                entry.done.set_exception(StoreUnavailable(str(exc)))
+            else:
+                # Not an unavailability (a bug, a schema out of date): a 500, never a 503
+                # that would have the sender retry into the same error.
+                failure = RuntimeError(f"group commit failed: {type(exc).__name__}")
+                failure.__cause__ = exc
                 entry.done.set_exception(failure)
 
     @staticmethod
