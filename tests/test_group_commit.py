@@ -12,7 +12,7 @@ import pytest
 from service.core.config import Settings
 from service.core.db import create_engine
 from service.sources.base import Message, Recorded
-from service.store.errors import StoreRefused, StoreUnavailable
+from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
 from service.store.group_commit import GroupCommitter
 from tests.pg import asyncpg_dsn
 
@@ -155,4 +155,59 @@ async def test_backpressure_refuses_when_the_queue_is_full(database_url: str) ->
         await record(committer, "3")
     first.cancel()
     second.cancel()
+    await engine.dispose()
+
+
+async def test_a_stalled_database_holds_at_most_the_bound_across_waves(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    engine = create_engine(database_url, Settings(database_url="x"))
+    committer = GroupCommitter(engine, flushers=1, max_queued=40, wait_timeout=0.3)
+    committer.start()
+    blocker = await asyncpg.connect(asyncpg_dsn(database_url))
+    tx = blocker.transaction()
+    await tx.start()
+    await blocker.execute("LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE")
+    stalled = record(committer, "in-flight")  # the flusher holds it, waiting on the lock
+    await asyncio.sleep(0.2)
+
+    peak = 0
+
+    async def sample() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, committer.held)
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.ensure_future(sample())
+    body = b"b" * 10_000
+    admitted = []
+    for wave in range(3):
+        requests = [
+            asyncio.ensure_future(
+                committer.record("s", [Message(f"w{wave}-{i}", "t")], {}, body, None)
+            )
+            for i in range(100)
+        ]
+        outcomes = await asyncio.gather(*requests, return_exceptions=True)
+        assert all(isinstance(o, StoreUnavailable) for o in outcomes)
+        # Refused at once for a full queue, or admitted and then timed out waiting.
+        admitted.append(sum(1 for o in outcomes if not isinstance(o, StoreOverloaded)))
+    sampler.cancel()
+    # Requests that gave up waiting still hold their queued bodies until a flusher drops
+    # them, so the second and third waves find the queue full.
+    assert admitted == [39, 0, 0]
+    assert peak <= 40
+
+    await tx.rollback()
+    await blocker.close()
+    # The request taken for writing before the stall gave up too, but its row commits.
+    assert isinstance((await asyncio.gather(stalled, return_exceptions=True))[0], StoreUnavailable)
+    async with asyncio.timeout(5):
+        while committer.held:  # the flusher drops the abandoned entries, unwritten
+            await asyncio.sleep(0.01)
+    assert (await record(committer, "after"))[0].outcome == "accepted"
+    stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
+    assert stored == {"in-flight", "after"}
+    await committer.close()
     await engine.dispose()

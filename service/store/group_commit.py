@@ -52,7 +52,7 @@ NOTIFY = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     """One request's messages, waiting to be written with whatever else is waiting."""
 
@@ -76,6 +76,11 @@ class GroupCommitter:
     database is unreachable the whole batch fails with `StoreUnavailable`; when it refuses a
     row (`StoreRefused`), only the request that brought the row fails and the rest of the
     batch is written without it.
+
+    At most `max_queued` messages are held at once, counted from `record` until their entry
+    has been written or dropped: a request that stops waiting (timeout, disconnect) leaves
+    its entry counted until a flusher drops it unwritten, so a stalled database cannot make
+    each new wave of requests queue another `max_queued` bodies.
     """
 
     def __init__(
@@ -95,7 +100,7 @@ class GroupCommitter:
         self.wait_timeout = wait_timeout
         self.flusher_count = flushers
         self._pending: deque[_Entry] = deque()
-        self._waiting = 0  # messages whose requests await a commit, queued or being written
+        self._held = 0  # messages of entries queued or being written
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -122,6 +127,11 @@ class GroupCommitter:
         )
         return connection
 
+    @property
+    def held(self) -> int:
+        """Messages held for writing: queued, or in a transaction being written."""
+        return self._held
+
     async def close(self) -> None:
         """Write what is queued, then stop the flushers."""
         self._closed = True
@@ -139,31 +149,36 @@ class GroupCommitter:
         """Record `messages` (one request's) and return once they are committed."""
         if self._closed:
             raise StoreUnavailable("shutting down")
-        if self._waiting + len(messages) > self.max_queued:
+        if self._held + len(messages) > self.max_queued:
             # Backpressure: a database that cannot keep up gets 503s, not an unbounded queue.
             raise StoreOverloaded("too many deliveries waiting for the database")
         entry = _Entry(source, messages, json.dumps(dict(headers)), body, content_type)
         self._pending.append(entry)
-        self._waiting += len(messages)
+        self._held += len(messages)
         self._wakeup.set()
         try:
-            # A request that gives up cancels only its own future: the flusher skips it, and
-            # its rows may still commit with the batch (the sender's retry is a duplicate).
+            # Giving up cancels the entry's future: a flusher that has not taken it yet drops
+            # it unwritten; one already writing it may still commit it (the sender's retry is
+            # then a duplicate).
             async with asyncio.timeout(self.wait_timeout):
                 return await entry.done
         except TimeoutError:
             raise StoreUnavailable("the database did not commit in time") from None
-        finally:
-            self._waiting -= len(messages)
 
     def _take_batch(self) -> list[_Entry]:
+        """The next entries to write, dropping those whose requests stopped waiting."""
         taken: list[_Entry] = []
         count = 0
         while self._pending:
-            size = len(self._pending[0].messages)
+            entry = self._pending[0]
+            if entry.done.done():  # abandoned: nobody awaits its answer
+                self._pending.popleft()
+                self._held -= len(entry.messages)
+                continue
+            size = len(entry.messages)
             if taken and count + size > self.max_batch:
                 break
-            entry = self._pending.popleft()
+            self._pending.popleft()
             taken.append(entry)
             count += size
         if not self._pending:
@@ -190,6 +205,8 @@ class GroupCommitter:
                         connection.terminate()
                         connection = None
                     self._fail(batch, exc)
+                finally:
+                    self._held -= sum(len(entry.messages) for entry in batch)
         finally:
             if connection is not None:
                 connection.terminate()
