@@ -7,7 +7,8 @@ never a 5xx, and nothing stored:
   verifier or the stored headers;
 - absurdly long header names or values, or endless headers: refused with 431 by
   `BoundedHttpToolsProtocol` after at most ~64 KiB, where httptools alone would buffer them
-  whole (without it these are accepted, stored, and memory grows with the header);
+  whole (without it these are accepted, stored, and memory grows with the header); more than
+  100 headers, or one over 8 KiB, are 431 from the app;
 - oversized message ids in a header: 400 naming the limit;
 and that the head bound counts heads only: pipelined requests with large bodies all pass.
 """
@@ -46,13 +47,15 @@ TOO_LONG = {
     "200 KB header value": b"X-Id: long-value\r\nX-Pad: " + b"v" * 200_000 + b"\r\n",
     "200 KB header name": b"X-Id: long-name\r\n" + b"N" * 200_000 + b": 1\r\n",
     "20,000 headers": b"X-Id: many\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(20_000)),
+    "50 KB id, over the 8 KiB a header may have": b"X-Id: " + b"i" * 50_000 + b"\r\n",
+    "101 headers": b"X-Id: 101\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(100)),
 }
 
 ENDLESS = 64 * 1024 * 1024
 
 LONG_IDS = {
     "600-character id": b"X-Id: " + b"i" * 600 + b"\r\n",
-    "50 KB id": b"X-Id: " + b"i" * 50_000 + b"\r\n",
+    "8,000-character id": b"X-Id: " + b"i" * 8_000 + b"\r\n",
 }
 
 
