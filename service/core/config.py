@@ -21,6 +21,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 MIB = 1024 * 1024
 # Request line plus headers. Providers send a few KiB; more is refused with 431 (or 400).
 MAX_REQUEST_HEAD_BYTES = 64 * 1024
+# From a connection's start, or its previous response, until its next head is complete.
+# Providers send a head in one write; a client slower than this only holds a socket.
+REQUEST_HEAD_TIMEOUT_SECONDS = 10.0
 
 # Values people leave in a config file meaning "fill me in"; starting with one would make
 # every delivery verify against a guessable key.

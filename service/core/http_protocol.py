@@ -1,17 +1,19 @@
-"""uvicorn's httptools protocol with a bound on request heads, which httptools lacks."""
+"""uvicorn's httptools protocol with the connection bounds it lacks: head size, head timeout,
+and a connection limit that idle sockets cannot exhaust."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from service.core.config import MAX_REQUEST_HEAD_BYTES
+from service.core.config import MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_SECONDS
+from service.core.problems import RETRY_AFTER_SECONDS, problem
 
 log = logging.getLogger("service.http")
 
@@ -36,17 +38,44 @@ _TOO_LARGE = _raw_problem(
     "Request Header Fields Too Large",
     f"the request line and headers exceed {MAX_REQUEST_HEAD_BYTES} bytes",
 )
+_TOO_SLOW = _raw_problem(
+    408,
+    "Request Timeout",
+    f"the request line and headers did not arrive within {REQUEST_HEAD_TIMEOUT_SECONDS:g} seconds",
+)
+
+
+async def refuse_busy(scope: Any, receive: Any, send: Any) -> None:
+    """The answer when every connection the limit allows is busy with a request."""
+    response = problem(
+        503,
+        "the server is busy with as many requests as it takes at once; try again shortly",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Connection": "close"},
+    )
+    await response(scope, receive, send)
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """Answers 431 and closes once a request's head passes `MAX_REQUEST_HEAD_BYTES`.
+    """httptools with three bounds it lacks, for a server facing the open internet:
 
-    httptools buffers a header until its line ends and sets no limit on a head's size, so one
-    endless header (or endless headers) would grow the process's memory without bound and
-    reach the app, and the stored `headers`, whole. Each head's end is found in the bytes
-    before the parser sees them, so a head is counted exactly, whether it comes in one read
-    with its body or in many.
+    - A request head (request line and headers) over `MAX_REQUEST_HEAD_BYTES` is answered
+      431 and never reaches the app, however it arrives: httptools buffers a header until its
+      line ends and bounds nothing. Each head's end is found in the bytes before the parser
+      sees them, so a head is counted exactly, whether it comes in one read with its body or
+      in many.
+    - A connection gets `REQUEST_HEAD_TIMEOUT_SECONDS` from its start (or from its previous
+      response) to complete a head: then it is closed, with 408 if a head had begun. uvicorn
+      times out only keep-alive connections that have sent nothing since a response.
+    - uvicorn answers 503 once `limit_concurrency` connections are open, idle ones included,
+      so idle sockets could refuse every sender. Here the limit counts requests in progress;
+      when that many connections are open, a new one makes room by closing the connection
+      that has waited longest for a head. Only when every allowed connection is busy with a
+      request is a new request refused: 503, a problem with Retry-After.
     """
+
+    # Connections waiting for a request head, longest-waiting first: the ones closed to make
+    # room at the limit. Class-wide, as a process serves one uvicorn server.
+    _awaiting_head: ClassVar[dict[BoundedHttpToolsProtocol, None]] = {}
 
     def __init__(
         self,
@@ -56,11 +85,65 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        # Enforced here instead of by uvicorn, which counts idle connections against it.
+        self.max_connections: int | None = self.limit_concurrency
+        self.limit_concurrency = None
         self._head_bytes: int | None = 0  # None from the end of a head to the end of its body
         self._head_started = False  # a byte other than CR or LF of the current head arrived
         self._tail = b""  # the current head's last bytes, for an end split across two reads
         self._body_left: int | None = 0  # None: chunked, its end known to the parser alone
+        self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False  # an error was sent; the connection drains until it closes
+
+    # Connection lifecycle.
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
+        if self.max_connections is not None:
+            self._make_room(self.max_connections)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_awaiting_head()
+        super().connection_lost(exc)
+
+    def _await_head(self) -> None:
+        """Start waiting for a request head: the head timeout runs, and the connection is one
+        that may be closed to make room."""
+        self._stop_awaiting_head()
+        self._awaiting_head[self] = None
+        self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_SECONDS, self._head_timed_out)
+
+    def _stop_awaiting_head(self) -> None:
+        self._awaiting_head.pop(self, None)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _make_room(self, limit: int) -> None:
+        """Close the connections waiting longest for a head until at most `limit` are open."""
+        while len(self.connections) > limit:
+            oldest = next(iter(self._awaiting_head))
+            if oldest is self:  # every other connection is busy with a request
+                return
+            oldest._stop_awaiting_head()
+            # Counted out now: its connection_lost comes on a later turn of the loop.
+            self.connections.discard(oldest)
+            oldest.transport.close()
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._head_started or self._head_bytes:
+            self._refuse(_TOO_SLOW, "request head not received in time; refused")
+        else:
+            self._stop_awaiting_head()
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # uvicorn armed its keep-alive timer: the connection now waits for its next head.
+        if self.timeout_keep_alive_task is not None:
+            self._await_head()
 
     # Reading: find each head's end before the parser sees it.
 
@@ -139,8 +222,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
+        self._stop_awaiting_head()
         self._body_left = self._announced_body_length()
-        super().on_headers_complete()
+        if self.max_connections is None or len(self.tasks) < self.max_connections:
+            super().on_headers_complete()
+            return
+        app, self.app = self.app, refuse_busy
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -167,8 +258,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, answer: bytes, event: str) -> None:
         """Send `answer` (an error) and close, reading nothing more from this connection."""
-        log.warning(event, extra={"limit": MAX_REQUEST_HEAD_BYTES})
+        log.warning(event, extra={"client": self.client and self.client[0]})
         self._refused = True
+        self._stop_awaiting_head()
         self.transport.write(answer)
         # Closing with the client's bytes still unread would send a reset, which can destroy
         # the answer before the client reads it: end our side, drop what still arrives, then
