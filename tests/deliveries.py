@@ -10,16 +10,21 @@ import base64
 import datetime
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
+from service.app import create_app
+from service.core.config import Settings
 from service.inbox_config import InboxConfig, parse_inbox_config
 from service.sources.github import github_signature
 from service.sources.shopify import shopify_signature
@@ -27,6 +32,7 @@ from service.sources.slack import slack_signature
 from service.sources.sns import SnsSource, string_to_sign
 from service.sources.standard_webhooks import decode_secret, sign
 from service.sources.stripe import stripe_signature_header
+from tests.conftest import running
 
 SECRET = "whsec_" + base64.b64encode(b"deliveries-of-every-kind-key-32b").decode()
 KEY = SECRET.encode()
@@ -251,3 +257,21 @@ def stored_message_id(kind: str, msg_id: str) -> str:
     if kind.startswith("cloudevents") or kind == "dapr":
         return json.dumps(["/tests", msg_id], separators=(",", ":"))
     return msg_id
+
+
+@asynccontextmanager
+async def every_kind_client(database_url: str, data_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an app serving `SOURCES` on the test's database."""
+    app = create_app(Settings(database_url=database_url, data_dir=data_dir), inbox())
+    async with running(app) as client:
+        yield client
+
+
+def refusal(kind: str, response: httpx.Response) -> str | None:
+    """The detail of a refused delivery (a 4xx problem, or Dapr's 200 DROP: its default
+    `on_malformed`), or None for a delivery that was recorded."""
+    if response.status_code == 200:
+        answer = response.json()
+        return str(answer["detail"]) if answer.get("status") == "DROP" else None
+    assert response.headers["content-type"] == "application/problem+json", response.text
+    return str(response.json()["detail"])
