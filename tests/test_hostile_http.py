@@ -218,3 +218,29 @@ async def test_heads_over_64_kib_are_431_in_one_write_or_many(
     status, _ = await send_in_pieces(server.port, head_of(64 * 1024, "at-the-bound-2"), 1_000)
     assert status == 200
     assert await db.fetchval("SELECT count(*) FROM inbox_messages") == 2
+
+
+async def test_the_head_bound_reads_chunked_pipelined_and_trickled_requests_right(
+    server: ServerProcess, db: asyncpg.Connection
+) -> None:
+    # Each head's end is found before the parser sees it: check that the parser still gets
+    # every request whole, however the bytes fall.
+    chunked = HEAD + b"X-Id: c\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    after_crlf = b"\r\n" + HEAD + b"X-Id: crlf\r\nContent-Length: 2\r\n\r\n{}"
+    bodiless = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(chunked + bodiless + after_crlf)
+    await writer.drain()
+    statuses = []
+    for _ in range(3):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        statuses.append(head.split(b" ")[1])
+    writer.close()
+    assert statuses == [b"200"] * 3
+    # One byte per write, its head's blank line split across writes.
+    status, _ = await send_in_pieces(server.port, HEAD + b"X-Id: trickled\r\n" + END, 1)
+    assert status == 200
+    stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
+    assert stored == {"c", "crlf", "trickled"}

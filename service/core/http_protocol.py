@@ -161,9 +161,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 return
             super().data_received(data[position:stop])
             position = stop
-            if end >= 0 and self._head_bytes is not None:
-                # The parser did not end the head where its blank line is; it will have
-                # answered 400, or else keeps counting from here.
+            if end >= 0 and self._head_started and self._head_bytes is not None:
+                # The parser did not end the head at its blank line: it will have answered
+                # 400, or else this head goes on and is counted on.
                 self._tail = b""
 
     def _reading(self) -> bool:
