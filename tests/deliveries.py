@@ -212,6 +212,8 @@ class SnsSigner:
             "SignatureVersion": "2",
             "SigningCertURL": SNS_CERT_URL,
         }
+        # Signed as the service will read it, once JSON has paired adjacent surrogates up.
+        message = json.loads(json.dumps(message))
         signature = self.key.sign(string_to_sign(message), padding.PKCS1v15(), hashes.SHA256())
         message["Signature"] = base64.b64encode(signature).decode()
         return Delivery("/webhooks/sns", _json(message), {"content-type": b"text/plain"})

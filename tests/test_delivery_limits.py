@@ -164,3 +164,22 @@ async def test_a_handshake_echoing_an_unpaired_surrogate_is_answered(
     assert response.status_code == 200, response.text
     assert response.content == b'{"validationResponse":"\\ud800"}'
     assert await count(db) == 0
+
+
+@pytest.mark.parametrize("kind", ["eventgrid", "cloudevents-batch"])
+async def test_a_batch_event_holding_an_unpaired_surrogate_is_stored_as_its_escape(
+    client: httpx.AsyncClient, db: asyncpg.Connection, kind: str
+) -> None:
+    # Each event of a batch is stored as its own JSON; UTF-8 cannot encode this one's data.
+    data = {"note": "\ud800", "city": "Zürich"}
+    if kind == "eventgrid":
+        body = json.dumps([{"id": "e1", "eventType": "t", "data": data}])
+        path, media = "/webhooks/eventgrid", "application/json"
+    else:
+        event = {"specversion": "1.0", "id": "e1", "source": "/s", "type": "t", "data": data}
+        body = json.dumps([event])
+        path, media = "/webhooks/cloudevents-structured", "application/cloudevents-batch+json"
+    response = await client.post(path + CONFIG_TOKEN, content=body, headers={"content-type": media})
+    assert response.status_code == 200, response.text
+    stored = await db.fetchval("SELECT body FROM inbox_messages")
+    assert json.loads(stored)["data"] == data

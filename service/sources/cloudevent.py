@@ -84,7 +84,12 @@ def binary_attributes(delivery: RawDelivery) -> dict[str, str]:
 
 def serialized(event: Any) -> bytes:
     """One batch member's own bytes, as a structured-mode body would carry it."""
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        # An unpaired surrogate, which the sender could only send as a `\ud800` escape:
+        # UTF-8 cannot carry it, so it stays an escape (with the rest of the non-ASCII).
+        return json.dumps(event, separators=(",", ":")).encode()
 
 
 def structured_event(delivery: RawDelivery) -> Messages:
