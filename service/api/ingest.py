@@ -246,7 +246,12 @@ async def handle_delivery(
             )
         else:
             results = await state.committer.record(
-                source, verdict.items, headers, body, content_type
+                source,
+                verdict.items,
+                headers,
+                body,
+                content_type,
+                processed=pipeline is not None and not pipeline.has_work,
             )
     except StoreRefused as exc:
         # The delivery's own values, not the database's health: a 4xx for this request only.

@@ -28,13 +28,19 @@ log = logging.getLogger(__name__)
 
 # One statement for the whole batch. Rows arrive sorted by (source, message_id), so two batches
 # that share keys wait on each other in the same order instead of deadlocking.
+# A message of a source with nothing to run (no handlers, no forward) is stored `processed`
+# at once: no worker round, no status change, no index entry rewritten.
 INSERT_BATCH = """
-INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type)
-SELECT source, message_id, event_type, headers::jsonb, body, content_type
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[])
-       AS t(source, message_id, event_type, headers, body, content_type)
+INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type,
+                            status, processed_at)
+SELECT source, message_id, event_type, headers::jsonb, body, content_type,
+       CASE WHEN done THEN 'processed' ELSE 'pending' END,
+       CASE WHEN done THEN now() END
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
+              $7::boolean[])
+       AS t(source, message_id, event_type, headers, body, content_type, done)
 ON CONFLICT (source, message_id) DO NOTHING
-RETURNING id, source, message_id
+RETURNING id, source, message_id, status = 'pending' AS pending
 """
 
 # Runs after INSERT_BATCH as its own statement: under READ COMMITTED it then sees rows whose
@@ -61,6 +67,7 @@ class _Entry:
     headers: str  # JSON text
     body: bytes
     content_type: str | None
+    processed: bool  # nothing to run: stored `processed`
     done: asyncio.Future[list[Recorded]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -145,14 +152,21 @@ class GroupCommitter:
         headers: Mapping[str, str],
         body: bytes,
         content_type: str | None,
+        *,
+        processed: bool = False,
     ) -> list[Recorded]:
-        """Record `messages` (one request's) and return once they are committed."""
+        """Record `messages` (one request's) and return once they are committed.
+
+        `processed`: the source has nothing to run, so they are stored processed already.
+        """
         if self._closed:
             raise StoreUnavailable("shutting down")
         if self._held + len(messages) > self.max_queued:
             # Backpressure: a database that cannot keep up gets 503s, not an unbounded queue.
             raise StoreOverloaded("too many deliveries waiting for the database")
-        entry = _Entry(source, messages, json.dumps(dict(headers)), body, content_type)
+        entry = _Entry(
+            source, messages, json.dumps(dict(headers)), body, content_type, processed
+        )
         self._pending.append(entry)
         self._held += len(messages)
         self._wakeup.set()
@@ -292,7 +306,7 @@ class GroupCommitter:
                     first[key] = (entry, message)
 
         keys = sorted(first)
-        rows: list[list[Any]] = [[], [], [], [], [], []]
+        rows: list[list[Any]] = [[], [], [], [], [], [], []]
         for key in keys:
             entry, message = first[key]
             rows[0].append(entry.source)
@@ -301,6 +315,7 @@ class GroupCommitter:
             rows[3].append(entry.headers)
             rows[4].append(entry.body if message.body is None else message.body)
             rows[5].append(message.content_type or entry.content_type)
+            rows[6].append(entry.processed)
 
         async with pg.transaction():
             inserted = await pg.fetch(INSERT_BATCH, *rows)
@@ -316,7 +331,7 @@ class GroupCommitter:
                     [k[1] for k in dup_keys],
                     [repeats[k] for k in dup_keys],
                 )
-            if ids:
+            if any(r["pending"] for r in inserted):
                 await pg.execute(NOTIFY)
 
         results: list[list[Recorded]] = []
