@@ -149,7 +149,7 @@ def load(
     if settings_only:
         return settings, InboxConfig(), {}
     try:
-        inbox = load_inbox_config(Path(settings.config))
+        inbox = load_inbox_config(Path(settings.config), required=settings.config_is_set)
     except ConfigError as exc:
         raise SystemExit(f"config error: {exc}") from None
     try:

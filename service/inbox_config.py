@@ -89,10 +89,14 @@ def parse_inbox_config(raw: Mapping[str, Any]) -> InboxConfig:
     return InboxConfig(sources=sources, retention=retention)
 
 
-def load_inbox_config(path: Path) -> InboxConfig:
-    """Read and build the sources file at `path`; each error names the file, source and field."""
+def load_inbox_config(path: Path, *, required: bool = False) -> InboxConfig:
+    """Read and build the sources file at `path`; each error names the file, source and field.
+
+    A missing file is no sources unless `required` (INBOX_CONFIG named it): a mistyped path
+    must not start a service that answers every delivery 404.
+    """
     try:
-        return parse_inbox_config(read_toml(path))
+        return parse_inbox_config(read_toml(path, required=required))
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(

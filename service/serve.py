@@ -136,10 +136,13 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "log_config": None,
         "access_log": False,
         "timeout_keep_alive": 5,
-        # Beyond this many concurrent connections uvicorn answers 503 instead of queueing.
+        # Requests in progress at once; beyond it, 503 with Retry-After. At this many open
+        # connections, the one waiting longest for a request is closed to make room, so idle
+        # sockets never refuse a sender (service/core/http_protocol.py; h11 counts them all).
         "limit_concurrency": settings.max_connections,
         # Request heads larger than this are refused: by h11 itself, or by our subclass of
-        # the httptools protocol, since httptools has no bound of its own (431, then close).
+        # the httptools protocol, since httptools has no bound of its own (431, then close);
+        # the subclass also closes a connection whose head is not complete within 10 s.
         "http": http_protocol(),
         "h11_max_incomplete_event_size": MAX_REQUEST_HEAD_BYTES,
         "timeout_graceful_shutdown": HTTP_GRACE_SECONDS,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -243,3 +245,43 @@ async def test_dead_letters_lists_only_dead_with_filters_and_paging(
     assert [i["id"] for i in second["items"]] == [d1]
     assert second["next_cursor"] is None
     assert status_param.status_code == 422
+
+
+def nested(depth: int) -> bytes:
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+# Stored bodies the detail cannot show as a payload: each is answered with its raw bytes.
+ODD_JSON_BODIES = {
+    "depth 101": nested(101),
+    "depth 500": b"[" * 500 + b"]" * 500,
+    "depth 1,000": nested(1_000),
+    "depth 100,000": b"[" * 100_000 + b"]" * 100_000,
+    "NaN": b'{"amount": NaN}',
+    "infinity": b'{"amount": 1e999}',
+    "unpaired surrogate": b'{"name": "\\ud800"}',
+    "4,301-digit integer": b'{"n": ' + b"9" * 4301 + b"}",
+    "not UTF-8": b'{"name": "\xff"}',
+    "truncated": b'{"name": ',
+}
+
+
+async def test_message_detail_shows_odd_or_deep_json_bodies_as_raw_bytes(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    ids = {name: await seed(db, name, body=body) for name, body in ODD_JSON_BODIES.items()}
+    at_limit = await seed(db, "depth 100", body=nested(100))
+    async with admin_client(client_for) as client:
+        answers = {
+            name: await client.get(f"/admin/messages/{row_id}", headers=AUTH)
+            for name, row_id in ids.items()
+        }
+        deepest_shown = await client.get(f"/admin/messages/{at_limit}", headers=AUTH)
+    assert {name: r.status_code for name, r in answers.items() if r.status_code != 200} == {}
+    for name, response in answers.items():
+        detail = response.json()
+        assert detail["payload"] is None, name
+        assert base64.b64decode(detail["body_base64"]) == ODD_JSON_BODIES[name], name
+    assert deepest_shown.status_code == 200
+    assert deepest_shown.json()["payload"] == json.loads(nested(100))
+    assert deepest_shown.json()["body_base64"] is None

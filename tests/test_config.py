@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from service.cli import load
 from service.core.config import ConfigError, Settings
 from service.inbox_config import load_inbox_config, parse_inbox_config
 
@@ -103,20 +104,58 @@ def test_admin_tokens_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> No
     assert tokens == ["one", "two", "three"]
 
 
-def test_serve_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
-    path = tmp_path / "inbox.toml"
-    path.write_text('[sources.pay]\nkind = "generic"\nid_header = "x"\nmax_attempts = 0\n')
+def serve_refusing(config: Path) -> str:
+    """Start `serve` with INBOX_CONFIG=`config`; return the one line it exits with."""
     result = subprocess.run(
         [sys.executable, "-m", "service", "serve"],
-        env={"INBOX_CONFIG": str(path), "PATH": "/usr/bin:/bin", "DATABASE_URL": "postgresql://x"},
+        env={
+            "INBOX_CONFIG": str(config),
+            "PATH": "/usr/bin:/bin",
+            "DATABASE_URL": "postgresql://x",
+        },
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1
-    assert lines[0].startswith(f"config error: {path}: sources.pay.max_attempts:")
+    (line,) = result.stderr.strip().splitlines()
+    return line
+
+
+def test_serve_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.toml"
+    path.write_text('[sources.pay]\nkind = "generic"\nid_header = "x"\nmax_attempts = 0\n')
+    line = serve_refusing(path)
+    assert line.startswith(f"config error: {path}: sources.pay.max_attempts:")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("inbox.tml", "no such file (INBOX_CONFIG names it"),
+        ("a-directory", "is a directory, not a TOML file"),
+    ],
+)
+def test_serve_refuses_a_config_path_that_names_no_file_with_one_line(
+    tmp_path: Path, name: str, expected: str
+) -> None:
+    (tmp_path / "a-directory").mkdir()
+    path = tmp_path / name
+    assert serve_refusing(path).startswith(f"config error: {path}: {expected}")
+
+
+def test_no_sources_only_when_inbox_config_is_unset_and_no_inbox_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DATABASE_URL", "postgresql://x")
+    _, inbox, _ = load()
+    assert dict(inbox.sources) == {}
+
+    # The default path is read when it exists, and a directory there is refused too.
+    (tmp_path / "inbox.toml").mkdir()
+    with pytest.raises(SystemExit, match=r"^config error: inbox\.toml: is a directory"):
+        load()
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["migrate"]])

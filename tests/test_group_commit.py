@@ -12,7 +12,7 @@ import pytest
 from service.core.config import Settings
 from service.core.db import create_engine
 from service.sources.base import Message, Recorded
-from service.store.errors import StoreUnavailable
+from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
 from service.store.group_commit import GroupCommitter
 from tests.pg import asyncpg_dsn
 
@@ -75,20 +75,53 @@ async def test_duplicates_inside_one_batch_first_wins_and_counts_are_exact(
     assert all(stored[k] == v for k, v in ids.items())
 
 
-async def test_a_failing_batch_acknowledges_none_of_its_requests(
+# Rows PostgreSQL refuses, each for a different reason, had they got past the sources' checks.
+REFUSED = {
+    "id over the CHECK's 512": [Message("x" * 600, "t")],
+    "NUL in text": [Message("nul", "a\x00b")],
+    "unpaired surrogate": [Message("surrogate", "a\ud800b")],
+    "event type over the b-tree entry limit": [Message("long", "".join(map(str, range(2000))))],
+    "one bad message of a batch delivery": [Message("batch-ok", "t"), Message("batch-bad", "\x00")],
+}
+
+
+async def test_a_refused_row_fails_only_its_own_request(
     database_url: str, committer: GroupCommitter, db: asyncpg.Connection
 ) -> None:
-    # An id the table's CHECK refuses fails the batch's INSERT in the middle.
-    tasks = await held_behind_a_lock(
-        database_url, committer, ("good-1",), ("x" * 600,), ("good-2",)
-    )
-    for task in tasks:
-        with pytest.raises(StoreUnavailable):
+    blocker = await asyncpg.connect(asyncpg_dsn(database_url))
+    tx = blocker.transaction()
+    await tx.start()
+    await blocker.execute("LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE")
+    first = record(committer, "warm-up")
+    await asyncio.sleep(0.2)  # the lone flusher is stuck on the lock: the rest forms one batch
+    good = [record(committer, f"good-{i}") for i in range(20)]
+    bad = {
+        reason: asyncio.ensure_future(committer.record("s", messages, {}, b"{}", None))
+        for reason, messages in REFUSED.items()
+    }
+    good += [record(committer, f"good-{i}") for i in range(20, 40)]
+    await asyncio.sleep(0.1)
+    await tx.rollback()
+    await blocker.close()
+
+    assert (await first)[0].outcome == "accepted"
+    assert [(await t)[0].outcome for t in good] == ["accepted"] * 40
+    for reason, task in bad.items():
+        with pytest.raises(StoreRefused):
             await task
+        assert not isinstance(task.exception(), StoreUnavailable), reason
     stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
-    assert stored == {"warm-up"}
-    # The next batch is unaffected.
-    assert (await record(committer, "good-1"))[0].outcome == "accepted"
+    assert stored == {"warm-up", *(f"good-{i}" for i in range(40))}
+
+
+async def test_an_error_that_is_not_unavailability_is_not_answered_as_one(
+    committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    await db.execute("ALTER TABLE inbox_messages RENAME TO inbox_messages_elsewhere")
+    with pytest.raises(RuntimeError, match="group commit failed: UndefinedTableError") as info:
+        await record(committer, "lost")
+    # Not StoreUnavailable: a 503 would have the sender retry into the same error for ever.
+    assert not isinstance(info.value, StoreUnavailable | StoreRefused)
 
 
 async def test_many_concurrent_deliveries_with_duplicates(
@@ -122,4 +155,59 @@ async def test_backpressure_refuses_when_the_queue_is_full(database_url: str) ->
         await record(committer, "3")
     first.cancel()
     second.cancel()
+    await engine.dispose()
+
+
+async def test_a_stalled_database_holds_at_most_the_bound_across_waves(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    engine = create_engine(database_url, Settings(database_url="x"))
+    committer = GroupCommitter(engine, flushers=1, max_queued=40, wait_timeout=0.3)
+    committer.start()
+    blocker = await asyncpg.connect(asyncpg_dsn(database_url))
+    tx = blocker.transaction()
+    await tx.start()
+    await blocker.execute("LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE")
+    stalled = record(committer, "in-flight")  # the flusher holds it, waiting on the lock
+    await asyncio.sleep(0.2)
+
+    peak = 0
+
+    async def sample() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, committer.held)
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.ensure_future(sample())
+    body = b"b" * 10_000
+    admitted = []
+    for wave in range(3):
+        requests = [
+            asyncio.ensure_future(
+                committer.record("s", [Message(f"w{wave}-{i}", "t")], {}, body, None)
+            )
+            for i in range(100)
+        ]
+        outcomes = await asyncio.gather(*requests, return_exceptions=True)
+        assert all(isinstance(o, StoreUnavailable) for o in outcomes)
+        # Refused at once for a full queue, or admitted and then timed out waiting.
+        admitted.append(sum(1 for o in outcomes if not isinstance(o, StoreOverloaded)))
+    sampler.cancel()
+    # Requests that gave up waiting still hold their queued bodies until a flusher drops
+    # them, so the second and third waves find the queue full.
+    assert admitted == [39, 0, 0]
+    assert peak <= 40
+
+    await tx.rollback()
+    await blocker.close()
+    # The request taken for writing before the stall gave up too, but its row commits.
+    assert isinstance((await asyncio.gather(stalled, return_exceptions=True))[0], StoreUnavailable)
+    async with asyncio.timeout(5):
+        while committer.held:  # the flusher drops the abandoned entries, unwritten
+            await asyncio.sleep(0.01)
+    assert (await record(committer, "after"))[0].outcome == "accepted"
+    stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
+    assert stored == {"in-flight", "after"}
+    await committer.close()
     await engine.dispose()

@@ -199,7 +199,7 @@ def _signed(body: bytes, msg_id: str = "hostile") -> dict[str, str]:
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         (b'{"id": "a", "id": "b"}', "duplicate key"),
         (json.dumps({"id": "x" * 513}).encode(), "longer than 512"),
-        (json.dumps({"id": "a\nb"}).encode(), "control characters"),
+        (json.dumps({"id": "a\nb"}).encode(), "non-printable character U+000A"),
         (json.dumps({"id": ["a"]}).encode(), "must be a string"),
         (json.dumps({"id": True}).encode(), "must be a string"),
         (b"", "not valid JSON"),

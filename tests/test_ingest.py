@@ -54,12 +54,30 @@ async def test_first_delivery_is_accepted_and_stored_byte_for_byte(
     row = await db.fetchrow("SELECT * FROM inbox_messages WHERE id = $1", reply["id"])
     assert row is not None
     assert bytes(row["body"]) == raw
-    assert row["status"] == "pending"
+    # No handler and no forward: nothing will ever run, so it is stored processed at once.
+    assert row["status"] == "processed"
+    assert row["processed_at"] is not None
     assert row["event_type"] == "order.created"
     assert row["content_type"] == "application/json"
     assert row["receive_count"] == 1
     stored_headers = json.loads(row["headers"])
     assert stored_headers["x-signature"] == "[redacted]"
+
+
+async def test_a_source_with_work_stores_its_messages_pending_and_wakes_the_worker(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    woken: list[str] = []
+    await db.add_listener("webhook_inbox", lambda *args: woken.append(args[2]))
+    config = {"sources": {"hooks": {**HMAC_SOURCE, "handlers": ["tests.handlers:record"]}}}
+    body, headers = signed({"id": "evt_w", "type": "t"})
+    async with client_for(config) as client:
+        reply = await client.post("/webhooks/hooks", content=body, headers=headers)
+    assert reply.json()["status"] == "accepted"
+    row = await db.fetchrow("SELECT status, processed_at FROM inbox_messages")
+    assert (row["status"], row["processed_at"]) == ("pending", None)
+    await asyncio.sleep(0.1)
+    assert woken  # NOTIFY: a worker picks it up without waiting for its poll
 
 
 async def test_redelivery_is_a_duplicate_and_counts_the_receipt(
@@ -127,7 +145,7 @@ async def test_fifty_concurrent_deliveries_of_one_id_record_one_row(
         ),
         ("/webhooks/open", b"x", {}, 400, "X-Message-Id"),
         ("/webhooks/open", b"x", {"x-message-id": "a" * 513}, 400, "longer than 512"),
-        ("/webhooks/open", b"x", {"x-message-id": "a\x7fb"}, 400, "control characters"),
+        ("/webhooks/open", b"x", {"x-message-id": "a\x7fb"}, 400, "x-message-id contains control"),
     ],
 )
 async def test_rejections_are_problems_and_record_nothing(

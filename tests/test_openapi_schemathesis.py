@@ -43,9 +43,18 @@ SOURCES: dict[str, Any] = {
         "mode": "sync",
         "handlers": ["tests.handlers:record"],
     },
+    # The event type from a header, the id from the body's hash: any headers are read.
+    "typed": {"kind": "generic", "id_fallback": "body-sha256", "event_type_header": "x-type"},
     "ce": {"kind": "cloudevents"},  # binary, structured and batch modes; the OPTIONS handshake
-    "stripe": {"kind": "stripe", "secrets": [SECRET]},
+    "dapr": {"kind": "dapr"},
     "eventgrid": {"kind": "eventgrid"},
+    "pubsub": {"kind": "pubsub", "event_type_attribute": "type", "allow_unauthenticated": True},
+    # The signed kinds: what is generated reaches their verifiers, which refuse it.
+    "stripe": {"kind": "stripe", "secrets": [SECRET]},
+    "github": {"kind": "github", "secrets": [SECRET]},
+    "shopify": {"kind": "shopify", "secrets": [SECRET]},
+    "slack": {"kind": "slack", "secrets": [SECRET]},
+    "standard-webhooks": {"kind": "standard-webhooks", "secrets": ["whsec_" + "A" * 32]},
 }
 # The generated `{source}` is replaced by a configured one most of the time, so deliveries
 # reach the verifiers instead of stopping at 404.
@@ -69,7 +78,7 @@ def expected_statuses(method: str, path: str, source_configured: bool) -> set[in
         return {404}
     if method == "OPTIONS":
         return {200, 400, 401, 405}
-    return {200, 400, 401, 413, 415}
+    return {200, 400, 401, 413, 415, 431}
 
 
 # As in test_admin_schemathesis.py: schemathesis' pytest integration reads a pytest internal

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -18,8 +19,17 @@ from service.core.problems import problem, problem_responses, unavailable
 from service.core.request_id import REQUEST_ID, request_id_of
 from service.core.state import AppState, StateDep
 from service.processing.sync import HandlerFailed, SyncProcessor
-from service.sources.base import Handshake, RawDelivery, Rejected, Source
-from service.store.errors import StoreOverloaded, StoreUnavailable
+from service.sources.base import BadDelivery, Handshake, RawDelivery, Rejected, Source
+from service.sources.limits import (
+    MAX_CONTENT_TYPE_LENGTH,
+    MAX_EVENT_TYPE_LENGTH,
+    MAX_HEADER_BYTES,
+    MAX_HEADER_COUNT,
+    MAX_MESSAGE_ID_LENGTH,
+    check_headers,
+    checked_content_type,
+)
+from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
 from service.store.ingest import record_messages
 
 log = logging.getLogger("service.ingest")
@@ -80,23 +90,37 @@ def stored_headers(source: Source, request: Request) -> dict[str, str]:
     }
 
 
+class EscapedJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped. A handshake echoes the sender's own text
+    (a challenge, a validation code), which may hold an unpaired surrogate: UTF-8 cannot
+    encode one, but a JSON escape can."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
+
+
 def handshake_response(handshake: Handshake) -> Response:
     if isinstance(handshake.body, bytes | str):
         return PlainTextResponse(
             handshake.body, status_code=handshake.status, headers=dict(handshake.headers)
         )
-    return JSONResponse(
+    return EscapedJSONResponse(
         handshake.body, status_code=handshake.status, headers=dict(handshake.headers)
     )
 
 
-INGEST_DESCRIPTION = """
-Receives one delivery for the configured source `{source}`. The body is read as raw bytes
+INGEST_DESCRIPTION = f"""
+Receives one delivery for the configured source `{{source}}`. The body is read as raw bytes
 (at most `INBOX_MAX_BODY_BYTES`) and verified by the source's kind before anything parses it;
 the message id is then recorded in the inbox, and the answer is sent only after that commit.
 
 A redelivery of a recorded message id is answered 200 `duplicate` and changes nothing but the
 message's `receive_count`. Errors are RFC 9457 problem documents and record nothing.
+
+Every value stored is bounded, and refused with a problem naming the header or field: a message
+id of at most {MAX_MESSAGE_ID_LENGTH} printable characters, an event type of at most
+{MAX_EVENT_TYPE_LENGTH}, a content type of at most {MAX_CONTENT_TYPE_LENGTH} (else 400); at most
+{MAX_HEADER_COUNT} headers, each at most {MAX_HEADER_BYTES} bytes with its name (else 431).
 """
 
 
@@ -106,7 +130,7 @@ message's `receive_count`. Errors are RFC 9457 problem documents and record noth
     description=INGEST_DESCRIPTION,
     response_model=Accepted | BatchAccepted,
     responses={
-        **problem_responses(400, 401, 404, 408, 413, 415, 500, 503),
+        **problem_responses(400, 401, 404, 408, 413, 415, 431, 500, 503),
     },
     openapi_extra={
         # Which bytes are valid depends on the source's kind, so the schema promises none:
@@ -196,20 +220,17 @@ async def handle_delivery(
 
     delivery = RawDelivery(request.method, request.headers, request.query_params, body)
     try:
+        check_headers(request.headers.raw)
+        content_type = checked_content_type(delivery.content_type)
         verdict = await configured.authenticate(delivery)
     except Rejected as exc:
-        log_delivery(metrics, source, None, f"rejected:{exc.reason}", started)
-        answer = configured.answer_rejection(exc)
-        if answer is not None:
-            return handshake_response(answer)
-        return problem(exc.status, exc.detail, title=exc.title)
+        return refuse(configured, exc, metrics, started)
     if isinstance(verdict, Handshake):
         log_delivery(metrics, source, None, "handshake", started)
         return handshake_response(verdict)
 
     pipeline = state.pipelines.get(source)
     headers = stored_headers(configured, request)
-    content_type = delivery.content_type or None
     try:
         if pipeline is not None and pipeline.config.mode == "sync":
             # Sync mode runs the handlers inside this request's own transaction, so it cannot
@@ -225,8 +246,17 @@ async def handle_delivery(
             )
         else:
             results = await state.committer.record(
-                source, verdict.items, headers, body, content_type
+                source,
+                verdict.items,
+                headers,
+                body,
+                content_type,
+                processed=pipeline is not None and not pipeline.has_work,
             )
+    except StoreRefused as exc:
+        # The delivery's own values, not the database's health: a 4xx for this request only.
+        refusal = BadDelivery(f"the database cannot store this delivery: {exc}")
+        return refuse(configured, refusal, metrics, started)
     except StoreOverloaded:
         log_delivery(metrics, source, None, "unavailable:overloaded", started)
         return unavailable("too many deliveries are waiting for the database; nothing was recorded")
@@ -250,6 +280,15 @@ async def handle_delivery(
         log_delivery(metrics, source, result.message_id, result.outcome, started)
     status, payload = configured.respond(results, verdict.batch)
     return JSONResponse(payload, status_code=status)
+
+
+def refuse(configured: Source, exc: Rejected, metrics: Metrics, started: float) -> Response:
+    """Answer a refused delivery: the kind's own answer if it has one, else the problem."""
+    log_delivery(metrics, configured.name, None, f"rejected:{exc.reason}", started)
+    answer = configured.answer_rejection(exc)
+    if answer is not None:
+        return handshake_response(answer)
+    return problem(exc.status, exc.detail, title=exc.title)
 
 
 @router.options(

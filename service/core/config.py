@@ -21,6 +21,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 MIB = 1024 * 1024
 # Request line plus headers. Providers send a few KiB; more is refused with 431 (or 400).
 MAX_REQUEST_HEAD_BYTES = 64 * 1024
+# From a connection's start, or its previous response, until its next head is complete.
+# Providers send a head in one write; a client slower than this only holds a socket.
+REQUEST_HEAD_TIMEOUT_SECONDS = 10.0
 
 # Values people leave in a config file meaning "fill me in"; starting with one would make
 # every delivery verify against a guessable key.
@@ -142,6 +145,11 @@ class Settings(BaseSettings):
     worker_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
     worker_lease_margin_seconds: float = Field(default=30.0, ge=0, le=3600)
 
+    @property
+    def config_is_set(self) -> bool:
+        """Whether INBOX_CONFIG (or the caller) named the sources file: then it must exist."""
+        return "config" in self.model_fields_set
+
     @field_validator("admin_tokens", mode="before")
     @classmethod
     def _split_tokens(cls, value: Any) -> Any:
@@ -167,12 +175,22 @@ def format_validation_error(prefix: str, err: ValidationError) -> str:
     return f"{loc}: {message}"
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """Parse the sources file; a missing file is an empty configuration."""
+def read_toml(path: Path, *, required: bool = False) -> dict[str, Any]:
+    """Parse the sources file; a missing one is an empty configuration unless `required`."""
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
+        if required:
+            raise ConfigError(
+                f"{path}: no such file (INBOX_CONFIG names it; unset INBOX_CONFIG to start "
+                "without sources)"
+            ) from None
         return {}
+    except IsADirectoryError:
+        # What `docker compose` mounts when the file it was told to mount does not exist.
+        raise ConfigError(f"{path}: is a directory, not a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc

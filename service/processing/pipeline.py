@@ -42,6 +42,12 @@ class Pipeline:
     def forward(self) -> ForwardConfig | None:
         return self.config.forward
 
+    @property
+    def has_work(self) -> bool:
+        """False for a source with neither handlers nor a forward: its messages are stored
+        `processed` by ingest, with nothing for a worker to do."""
+        return bool(self.routes) or self.forward is not None
+
     def handlers_for(self, event_type: str | None) -> tuple[Handler, ...]:
         """The handlers to run for `event_type`, in configuration order (memoised)."""
         found = self._by_event_type.get(event_type)

@@ -13,8 +13,6 @@ from starlette.datastructures import Headers
 
 from service.core.config import SourceConfig
 
-MAX_MESSAGE_ID_LENGTH = 512
-
 # Headers whose values are credentials under any kind; never stored or logged.
 ALWAYS_SENSITIVE_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"}
@@ -194,22 +192,6 @@ def check_token(delivery: RawDelivery, expected: str) -> None:
     matches = [constant_time_equal(o, expected) for o in offered]
     if not any(matches):
         raise Unauthenticated("token does not match")
-
-
-def checked_message_id(value: object, where: str) -> str:
-    """A usable dedup key from `value`, or a 400 naming the header or field it came from."""
-    if value is None or value == "":
-        raise BadDelivery(f"missing message id: expected {where}")
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise BadDelivery(f"message id in {where} must be a string")
-    text = str(value)
-    if len(text) > MAX_MESSAGE_ID_LENGTH:
-        raise BadDelivery(
-            f"message id in {where} is longer than {MAX_MESSAGE_ID_LENGTH} characters"
-        )
-    if not text.isprintable():
-        raise BadDelivery(f"message id in {where} contains control characters")
-    return text
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from service.sources.base import (
     RawDelivery,
     Rejected,
     UnsupportedMediaType,
-    checked_message_id,
     parse_json,
 )
+from service.sources.limits import checked_event_type, checked_message_id
 
 STRUCTURED = "application/cloudevents+json"
 BATCH = "application/cloudevents-batch+json"
@@ -65,7 +65,8 @@ def message_from_attributes(
     event_id = checked_message_id(event["id"], f"the 'id' attribute in {where}")
     message_id = checked_message_id(dedup_key(source, event_id), f"'source' + 'id' in {where}")
     content_type = STRUCTURED if body is not None else None
-    return Message(message_id, event["type"], body=body, content_type=content_type)
+    event_type = checked_event_type(event["type"], f"the 'type' attribute in {where}")
+    return Message(message_id, event_type, body=body, content_type=content_type)
 
 
 def binary_attributes(delivery: RawDelivery) -> dict[str, str]:
@@ -83,7 +84,12 @@ def binary_attributes(delivery: RawDelivery) -> dict[str, str]:
 
 def serialized(event: Any) -> bytes:
     """One batch member's own bytes, as a structured-mode body would carry it."""
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        # An unpaired surrogate, which the sender could only send as a `\ud800` escape:
+        # UTF-8 cannot carry it, so it stays an escape (with the rest of the non-ASCII).
+        return json.dumps(event, separators=(",", ":")).encode()
 
 
 def structured_event(delivery: RawDelivery) -> Messages:

@@ -16,12 +16,12 @@ from service.sources.base import (
     RawDelivery,
     Source,
     Unauthenticated,
-    checked_message_id,
     constant_time_equal,
     parse_json,
     require_json_media_type,
 )
 from service.sources.cloudevent import abuse_protection, read_events, serialized
+from service.sources.limits import checked_event_type, checked_message_id
 
 log = logging.getLogger("service.sources.eventgrid")
 
@@ -81,11 +81,13 @@ class EventGridSource(Source):
             if not isinstance(event, dict):
                 raise BadDelivery(f"event [{index}] is not a JSON object")
             message_id = checked_message_id(event.get("id"), where)
-            event_type = event.get("eventType")
+            event_type = checked_event_type(
+                event.get("eventType"), f"the field [{index}].eventType"
+            )
             messages.append(
                 Message(
                     message_id,
-                    event_type if isinstance(event_type, str) else None,
+                    event_type,
                     body=serialized(event),
                     content_type="application/json",
                 )

@@ -17,13 +17,13 @@ from service.sources.base import (
     RawDelivery,
     Source,
     Unauthenticated,
-    checked_message_id,
     constant_time_equal,
     parse_json,
     require_json_media_type,
 )
 from service.sources.body_hmac import BodyHmacConfig, body_signature, check_body_hmac
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
+from service.sources.limits import checked_event_type, checked_message_id
 
 
 class GenericConfig(BodyHmacConfig):
@@ -82,14 +82,19 @@ class GenericSource(Source):
             payload = parse_json(delivery.body)
 
         message_id = self._message_id(delivery, payload)
-        event_type: Any = None
+        return Messages([Message(message_id, self._event_type(delivery, payload))])
+
+    def _event_type(self, delivery: RawDelivery, payload: Any) -> str | None:
+        config = self.generic
         if config.event_type_header:
-            event_type = delivery.headers.get(config.event_type_header)
-        elif config.event_type_json_pointer is not None:
-            event_type = resolve_pointer(payload, config.event_type_json_pointer)
-        if event_type is not None and not isinstance(event_type, str):
-            event_type = json.dumps(event_type)
-        return Messages([Message(message_id, event_type)])
+            value = delivery.headers.get(config.event_type_header)
+            return checked_event_type(value, f"the {config.event_type_header} header")
+        if config.event_type_json_pointer is None:
+            return None
+        value = resolve_pointer(payload, config.event_type_json_pointer)
+        if isinstance(value, int | float | bool):
+            value = json.dumps(value)  # a numeric type code is still a type
+        return checked_event_type(value, f"the JSON field {config.event_type_json_pointer}")
 
     def _message_id(self, delivery: RawDelivery, payload: Any) -> str:
         config = self.generic

@@ -15,10 +15,10 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     UnsupportedMediaType,
-    checked_message_id,
     constant_time_equal,
     parse_json,
 )
+from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import SignedSourceConfig, hmac_sha256
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
@@ -58,7 +58,10 @@ class GitHubSource(Source):
         )
         event = delivery.headers.get(EVENT_HEADER) or None
         action = _action(self._payload(delivery))
-        event_type = f"{event}.{action}" if event and action else event
+        event_type = checked_event_type(
+            f"{event}.{action}" if event and action else event,
+            f"the {EVENT_HEADER} header and the JSON field action",
+        )
         return Messages([Message(message_id, event_type)])
 
     @staticmethod

@@ -20,10 +20,10 @@ from service.sources.base import (
     Rejected,
     Source,
     Unauthenticated,
-    checked_message_id,
     parse_json,
     require_json_media_type,
 )
+from service.sources.limits import checked_event_type, checked_message_id
 
 GOOGLE_JWKS_URL = "https://www.googleapis.com/oauth2/v3/certs"
 # Google signs push tokens with either spelling of its issuer.
@@ -161,15 +161,12 @@ class PubSubSource(Source):
         return Messages([Message(message_id, self._event_type(message))])
 
     def _event_type(self, message: dict[str, Any]) -> str | None:
-        if self.pubsub.event_type_attribute is None:
+        name = self.pubsub.event_type_attribute
+        if name is None:
             return None
         attributes = message.get("attributes")
-        value = (
-            attributes.get(self.pubsub.event_type_attribute)
-            if isinstance(attributes, dict)
-            else None
-        )
-        return value if isinstance(value, str) else None
+        value = attributes.get(name) if isinstance(attributes, dict) else None
+        return checked_event_type(value, f"the field message.attributes.{name}")
 
     async def _check_oidc(self, delivery: RawDelivery, jwks: JwksCache) -> None:
         scheme, _, token = delivery.headers.get("authorization", "").partition(" ")

@@ -14,9 +14,9 @@ from service.sources.base import (
     RawDelivery,
     Source,
     Unauthenticated,
-    checked_message_id,
     constant_time_equal,
 )
+from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import SignedSourceConfig, hmac_sha256
 
 SIGNATURE_HEADER = "X-Shopify-Hmac-Sha256"
@@ -55,7 +55,8 @@ class ShopifySource(Source):
         # Everything needed is in headers, so the body stays opaque: Shopify may send JSON or,
         # for webhooks created in the admin with that format, XML.
         message_id = checked_message_id(delivery.headers.get(ID_HEADER), f"the {ID_HEADER} header")
-        return Messages([Message(message_id, delivery.headers.get(TOPIC_HEADER) or None)])
+        topic = checked_event_type(delivery.headers.get(TOPIC_HEADER), f"the {TOPIC_HEADER} header")
+        return Messages([Message(message_id, topic)])
 
     def example_curl(self, base_url: str) -> str | None:
         body = json.dumps({"id": 820982911946154508, "email": "jon@example.com"})

@@ -15,10 +15,10 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     UnsupportedMediaType,
-    checked_message_id,
     constant_time_equal,
     parse_json,
 )
+from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import SignedSourceConfig, check_timestamp, hmac_sha256, now
 
 SIGNATURE_HEADER = "X-Slack-Signature"
@@ -71,7 +71,9 @@ class SlackSource(Source):
         message_id = checked_message_id(payload.get("event_id"), "the JSON field event_id")
         event = payload.get("event")
         event_type = event.get("type") if isinstance(event, dict) else None
-        return Messages([Message(message_id, event_type if isinstance(event_type, str) else None)])
+        return Messages(
+            [Message(message_id, checked_event_type(event_type, "the JSON field event.type"))]
+        )
 
     @staticmethod
     def _challenge(challenge: object) -> Handshake:

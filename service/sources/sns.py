@@ -28,9 +28,9 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     UnsupportedMediaType,
-    checked_message_id,
     parse_json,
 )
+from service.sources.limits import checked_event_type, checked_message_id
 
 log = logging.getLogger("service.sources.sns")
 
@@ -126,7 +126,9 @@ def string_to_sign(message: dict[str, Any]) -> bytes:
         if not isinstance(value, str):
             raise Unauthenticated(f"the signed field {name} is missing or not a string")
         lines.append(f"{name}\n{value}\n")
-    return "".join(lines).encode()
+    # A JSON escape can put an unpaired surrogate in a field; SNS never signs one, so its
+    # bytes only need to exist for the signature check to fail.
+    return "".join(lines).encode("utf-8", "surrogatepass")
 
 
 class SnsConfig(SourceConfig):
@@ -189,12 +191,11 @@ class SnsSource(Source):
     def _event_type(self, message: dict[str, Any]) -> str | None:
         name = self.sns.event_type_attribute
         if name is None:
-            subject = message.get("Subject")
-            return subject if isinstance(subject, str) else None
+            return checked_event_type(message.get("Subject"), "the field Subject")
         attributes = message.get("MessageAttributes")
         attribute = attributes.get(name) if isinstance(attributes, dict) else None
         value = attribute.get("Value") if isinstance(attribute, dict) else None
-        return value if isinstance(value, str) else None
+        return checked_event_type(value, f"the field MessageAttributes.{name}.Value")
 
     async def _check_signature(self, message: dict[str, Any]) -> None:
         version = message.get("SignatureVersion")

@@ -19,10 +19,10 @@ from service.sources.base import (
     RawDelivery,
     Source,
     Unauthenticated,
-    checked_message_id,
     parse_json,
     require_json_media_type,
 )
+from service.sources.limits import checked_event_type, checked_message_id
 
 SECRET_PREFIX = "whsec_"
 
@@ -121,7 +121,9 @@ class StandardWebhooksSource(Source):
         message_id = checked_message_id(msg_id, "the webhook-id header")
         payload = parse_json(delivery.body)
         event_type = payload.get("type") if isinstance(payload, dict) else None
-        return Messages([Message(message_id, event_type if isinstance(event_type, str) else None)])
+        return Messages(
+            [Message(message_id, checked_event_type(event_type, "the JSON field type"))]
+        )
 
     def example_curl(self, base_url: str) -> str | None:
         body = json.dumps({"type": "demo.created", "data": {"hello": "world"}}).encode()

@@ -12,11 +12,11 @@ from service.sources.base import (
     RawDelivery,
     Source,
     Unauthenticated,
-    checked_message_id,
     constant_time_equal,
     parse_json,
     require_json_media_type,
 )
+from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import SignedSourceConfig, check_timestamp, hmac_sha256, now
 
 HEADER = "Stripe-Signature"
@@ -80,8 +80,8 @@ class StripeSource(Source):
         if not isinstance(payload, dict):
             payload = {}
         message_id = checked_message_id(payload.get("id"), "the JSON field id (the event id)")
-        event_type = payload.get("type")
-        return Messages([Message(message_id, event_type if isinstance(event_type, str) else None)])
+        event_type = checked_event_type(payload.get("type"), "the JSON field type")
+        return Messages([Message(message_id, event_type)])
 
     def example_curl(self, base_url: str) -> str | None:
         body = json.dumps({"id": "evt_demo_1", "object": "event", "type": "demo.created"})

@@ -19,6 +19,11 @@ class StoreOverloaded(StoreUnavailable):
     """Too much is already waiting for the database; refused at once rather than queued."""
 
 
+class StoreRefused(Exception):
+    """The database refused a delivery's own values (a data error, a constraint, a size limit,
+    text it cannot encode): the same bytes would be refused again, and nothing was committed."""
+
+
 # Connection refused, socket gone, server shutting down, pool exhausted, statement timeout.
 _UNAVAILABLE = (
     OperationalError,
@@ -34,7 +39,48 @@ _UNAVAILABLE = (
 )
 
 
+# Errors caused by the values of a row rather than by the database's state: SQLSTATE class 22
+# (data exception: NUL, bad encoding, out of range), 23 (a constraint) and 54 (program limit:
+# an index entry too large), and the driver's own refusal to encode an argument (a ValueError,
+# such as a string holding an unpaired surrogate).
+_REFUSALS = (
+    asyncpg.exceptions.DataError,
+    asyncpg.exceptions.IntegrityConstraintViolationError,
+    asyncpg.exceptions.ProgramLimitExceededError,
+    ValueError,
+)
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether `exc` says the database refused the values written, not that it is unwell."""
+    error: BaseException | None = exc
+    # The driver's error sits under SQLAlchemy's wrapper and its asyncpg adapter's, if any.
+    for _ in range(3):
+        if error is None:
+            return False
+        if isinstance(error, _REFUSALS):
+            return True
+        error = error.orig if isinstance(error, DBAPIError) else error.__cause__
+    return False
+
+
+def refused(exc: BaseException) -> StoreRefused:
+    """`StoreRefused` saying in one line why the database refused a row (`is_refusal(exc)`)."""
+    error: BaseException | None = exc
+    while error is not None and not isinstance(error, asyncpg.PostgresError | ValueError):
+        error = error.orig if isinstance(error, DBAPIError) else error.__cause__
+    if isinstance(error, asyncpg.PostgresError) and error.__cause__ is None:
+        # The server's first line names the limit or constraint, never the value.
+        return StoreRefused(str(error).splitlines()[0][:200])
+    # The driver's own encoding errors quote the values: keep those out of answers and logs.
+    return StoreRefused("a value could not be encoded for the database")
+
+
 def is_unavailable(exc: BaseException) -> bool:
+    if is_refusal(exc):
+        # asyncpg's client-side DataError ("invalid input for query argument") is also an
+        # InterfaceError, which would otherwise read as a broken connection.
+        return False
     if isinstance(exc, _UNAVAILABLE):
         return True
     if isinstance(exc, DBAPIError):

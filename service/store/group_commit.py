@@ -17,7 +17,9 @@ from service.sources.base import Message, Recorded
 from service.store.errors import (
     StoreOverloaded,
     StoreUnavailable,
+    is_refusal,
     is_unavailable,
+    refused,
     translate_errors,
 )
 from service.store.ingest import NOTIFY_CHANNEL
@@ -26,13 +28,19 @@ log = logging.getLogger(__name__)
 
 # One statement for the whole batch. Rows arrive sorted by (source, message_id), so two batches
 # that share keys wait on each other in the same order instead of deadlocking.
+# A message of a source with nothing to run (no handlers, no forward) is stored `processed`
+# at once: no worker round, no status change, no index entry rewritten.
 INSERT_BATCH = """
-INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type)
-SELECT source, message_id, event_type, headers::jsonb, body, content_type
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[])
-       AS t(source, message_id, event_type, headers, body, content_type)
+INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type,
+                            status, processed_at)
+SELECT source, message_id, event_type, headers::jsonb, body, content_type,
+       CASE WHEN done THEN 'processed' ELSE 'pending' END,
+       CASE WHEN done THEN now() END
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
+              $7::boolean[])
+       AS t(source, message_id, event_type, headers, body, content_type, done)
 ON CONFLICT (source, message_id) DO NOTHING
-RETURNING id, source, message_id
+RETURNING id, source, message_id, status = 'pending' AS pending
 """
 
 # Runs after INSERT_BATCH as its own statement: under READ COMMITTED it then sees rows whose
@@ -50,7 +58,7 @@ NOTIFY = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     """One request's messages, waiting to be written with whatever else is waiting."""
 
@@ -59,6 +67,7 @@ class _Entry:
     headers: str  # JSON text
     body: bytes
     content_type: str | None
+    processed: bool  # nothing to run: stored `processed`
     done: asyncio.Future[list[Recorded]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -70,9 +79,15 @@ class GroupCommitter:
     A request's entry is written by the next free flusher together with every entry that
     arrived while the flushers were busy (at most `max_batch` messages), so an idle service
     writes a lone request at once and a busy one amortises each COMMIT over many requests.
-    Each request's future resolves only after the COMMIT that holds its rows, or fails with
-    `StoreUnavailable` if that transaction failed: a failed batch acknowledges none of its own
-    requests and touches no other batch's.
+    Each request's future resolves only after the COMMIT that holds its rows. When the
+    database is unreachable the whole batch fails with `StoreUnavailable`; when it refuses a
+    row (`StoreRefused`), only the request that brought the row fails and the rest of the
+    batch is written without it.
+
+    At most `max_queued` messages are held at once, counted from `record` until their entry
+    has been written or dropped: a request that stops waiting (timeout, disconnect) leaves
+    its entry counted until a flusher drops it unwritten, so a stalled database cannot make
+    each new wave of requests queue another `max_queued` bodies.
     """
 
     def __init__(
@@ -92,7 +107,7 @@ class GroupCommitter:
         self.wait_timeout = wait_timeout
         self.flusher_count = flushers
         self._pending: deque[_Entry] = deque()
-        self._waiting = 0  # messages whose requests await a commit, queued or being written
+        self._held = 0  # messages of entries queued or being written
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -119,6 +134,11 @@ class GroupCommitter:
         )
         return connection
 
+    @property
+    def held(self) -> int:
+        """Messages held for writing: queued, or in a transaction being written."""
+        return self._held
+
     async def close(self) -> None:
         """Write what is queued, then stop the flushers."""
         self._closed = True
@@ -132,35 +152,47 @@ class GroupCommitter:
         headers: Mapping[str, str],
         body: bytes,
         content_type: str | None,
+        *,
+        processed: bool = False,
     ) -> list[Recorded]:
-        """Record `messages` (one request's) and return once they are committed."""
+        """Record `messages` (one request's) and return once they are committed.
+
+        `processed`: the source has nothing to run, so they are stored processed already.
+        """
         if self._closed:
             raise StoreUnavailable("shutting down")
-        if self._waiting + len(messages) > self.max_queued:
+        if self._held + len(messages) > self.max_queued:
             # Backpressure: a database that cannot keep up gets 503s, not an unbounded queue.
             raise StoreOverloaded("too many deliveries waiting for the database")
-        entry = _Entry(source, messages, json.dumps(dict(headers)), body, content_type)
+        entry = _Entry(
+            source, messages, json.dumps(dict(headers)), body, content_type, processed
+        )
         self._pending.append(entry)
-        self._waiting += len(messages)
+        self._held += len(messages)
         self._wakeup.set()
         try:
-            # A request that gives up cancels only its own future: the flusher skips it, and
-            # its rows may still commit with the batch (the sender's retry is a duplicate).
+            # Giving up cancels the entry's future: a flusher that has not taken it yet drops
+            # it unwritten; one already writing it may still commit it (the sender's retry is
+            # then a duplicate).
             async with asyncio.timeout(self.wait_timeout):
                 return await entry.done
         except TimeoutError:
             raise StoreUnavailable("the database did not commit in time") from None
-        finally:
-            self._waiting -= len(messages)
 
     def _take_batch(self) -> list[_Entry]:
+        """The next entries to write, dropping those whose requests stopped waiting."""
         taken: list[_Entry] = []
         count = 0
         while self._pending:
-            size = len(self._pending[0].messages)
+            entry = self._pending[0]
+            if entry.done.done():  # abandoned: nobody awaits its answer
+                self._pending.popleft()
+                self._held -= len(entry.messages)
+                continue
+            size = len(entry.messages)
             if taken and count + size > self.max_batch:
                 break
-            entry = self._pending.popleft()
+            self._pending.popleft()
             taken.append(entry)
             count += size
         if not self._pending:
@@ -181,24 +213,65 @@ class GroupCommitter:
                     if connection is None or connection.is_closed():
                         async with translate_errors():
                             connection = await self._connect()
-                    self._resolve(batch, await self._write(connection, batch))
+                    await self._write_isolating(connection, batch)
                 except Exception as exc:
                     if connection is not None and is_unavailable(exc):
                         connection.terminate()
                         connection = None
                     self._fail(batch, exc)
+                finally:
+                    self._held -= sum(len(entry.messages) for entry in batch)
         finally:
             if connection is not None:
                 connection.terminate()
 
+    async def _write_isolating(self, pg: asyncpg.Connection, batch: list[_Entry]) -> None:
+        """Write `batch` and answer its requests; a refused row fails only its own request.
+
+        A refused row aborts the whole transaction, so the batch is halved and each half
+        written again until the refused requests stand alone: one bad delivery among n
+        requests costs about 2·log2(n) more transactions, and the others still commit.
+        """
+        try:
+            results = await self._write(pg, batch)
+        except Exception as exc:
+            if not is_refusal(exc):
+                raise
+            if len(batch) == 1:
+                self._refuse(batch[0], exc)
+                return
+            middle = len(batch) // 2
+            await self._write_isolating(pg, batch[:middle])
+            await self._write_isolating(pg, batch[middle:])
+            return
+        self._resolve(batch, results)
+
+    @staticmethod
+    def _refuse(entry: _Entry, exc: Exception) -> None:
+        """Fail the one request whose rows the database refused."""
+        failure = refused(exc)
+        log.warning(
+            "group commit refused a delivery",
+            extra={"source": entry.source, "error": str(failure), "messages": len(entry.messages)},
+        )
+        if not entry.done.done():
+            entry.done.set_exception(failure)
+
     @staticmethod
     def _fail(batch: list[_Entry], exc: Exception) -> None:
-        """Fail every request of `batch`: none of its rows was committed."""
-        failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(str(exc))
+        """Fail every request of `batch` still waiting: none of their rows was committed."""
         if not isinstance(exc, StoreUnavailable):
             log.error("group commit failed", exc_info=exc, extra={"requests": len(batch)})
         for entry in batch:
-            if not entry.done.done():
+            if entry.done.done():
+                continue
+            if isinstance(exc, StoreUnavailable):
+                entry.done.set_exception(StoreUnavailable(str(exc)))
+            else:
+                # Not an unavailability (a bug, a schema out of date): a 500, never a 503
+                # that would have the sender retry into the same error.
+                failure = RuntimeError(f"group commit failed: {type(exc).__name__}")
+                failure.__cause__ = exc
                 entry.done.set_exception(failure)
 
     @staticmethod
@@ -233,7 +306,7 @@ class GroupCommitter:
                     first[key] = (entry, message)
 
         keys = sorted(first)
-        rows: list[list[Any]] = [[], [], [], [], [], []]
+        rows: list[list[Any]] = [[], [], [], [], [], [], []]
         for key in keys:
             entry, message = first[key]
             rows[0].append(entry.source)
@@ -242,6 +315,7 @@ class GroupCommitter:
             rows[3].append(entry.headers)
             rows[4].append(entry.body if message.body is None else message.body)
             rows[5].append(message.content_type or entry.content_type)
+            rows[6].append(entry.processed)
 
         async with pg.transaction():
             inserted = await pg.fetch(INSERT_BATCH, *rows)
@@ -257,7 +331,7 @@ class GroupCommitter:
                     [k[1] for k in dup_keys],
                     [repeats[k] for k in dup_keys],
                 )
-            if ids:
+            if any(r["pending"] for r in inserted):
                 await pg.execute(NOTIFY)
 
         results: list[list[Recorded]] = []

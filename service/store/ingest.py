@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import LargeBinary
 
 from service.sources.base import Message, Recorded
-from service.store.errors import translate_errors
+from service.store.errors import is_refusal, refused, translate_errors
 from service.store.processing import MessageRow
 
 # Sync mode: runs the handlers of the rows just inserted, in the same transaction; raising
@@ -57,7 +57,8 @@ async def record_messages(
 
     A message without bytes of its own (`Message.body is None`) stores the request's `body`.
     With `process` (sync mode), the accepted rows are handed to it before the commit and are
-    answered `processed`; whatever it raises propagates and nothing is recorded.
+    answered `processed`; whatever it raises propagates and nothing is recorded. A row the
+    database refuses raises `StoreRefused`.
     """
     results: list[Recorded] = []
     accepted: list[MessageRow] = []
@@ -66,19 +67,20 @@ async def record_messages(
         for message in messages:
             message_body = body if message.body is None else message.body
             message_type = message.content_type or content_type
-            row_id = (
-                await conn.execute(
-                    INSERT_MESSAGE,
-                    {
-                        "source": source,
-                        "message_id": message.message_id,
-                        "event_type": message.event_type,
-                        "headers": stored_headers,
-                        "body": message_body,
-                        "content_type": message_type,
-                    },
-                )
-            ).scalar_one_or_none()
+            values = {
+                "source": source,
+                "message_id": message.message_id,
+                "event_type": message.event_type,
+                "headers": stored_headers,
+                "body": message_body,
+                "content_type": message_type,
+            }
+            try:
+                row_id = (await conn.execute(INSERT_MESSAGE, values)).scalar_one_or_none()
+            except Exception as exc:
+                if is_refusal(exc):
+                    raise refused(exc) from exc
+                raise
             if row_id is None:
                 await conn.execute(
                     COUNT_REDELIVERY, {"source": source, "message_id": message.message_id}

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Body, Path, Query
 
 from service.api.admin.models import (
     MAX_ID,
+    MAX_PAYLOAD_DEPTH,
     BulkRetryRequest,
     BulkRetryResult,
     DeadLetterQuery,
@@ -107,16 +108,41 @@ async def list_dead_letters(
 
 
 def decode_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:
-    """(payload, None) for a JSON body, else (None, base64 of the bytes)."""
+    """(payload, None) for a JSON body the detail can carry, else (None, base64 of the bytes)."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == "application/json" or media.endswith("+json"):
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            payload = None
+        payload = displayable_json(body)
         if payload is not None:
             return payload, None
     return None, base64.b64encode(body).decode()
+
+
+def displayable_json(body: bytes) -> Any:
+    """`body` parsed as JSON, or None unless that parses and can be answered as JSON again:
+    bounded nesting, no NaN or infinity, no unpaired surrogate (a `\\ud800` escape)."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if nested_deeper_than(payload, MAX_PAYLOAD_DEPTH):
+        return None
+    try:
+        json.dumps(payload, allow_nan=False, ensure_ascii=False).encode()
+    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return None
+    return payload
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests more than `limit` arrays and objects (without recursing)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 @router.get("/messages/{id}", response_model=MessageDetail, responses=problem_responses(404))

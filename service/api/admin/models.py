@@ -10,6 +10,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 Status = Literal["pending", "processing", "processed", "retrying", "dead", "discarded"]
 
 MAX_ID = 2**63 - 1  # inbox ids are PostgreSQL bigints
+# JSON nested deeper than this is shown as `body_base64`: pydantic will not serialise past
+# about 255 levels, nor Python's json module past its recursion limit, and a deeper body is
+# stored whenever its source does not parse it (an id taken from a header).
+MAX_PAYLOAD_DEPTH = 100
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -140,7 +144,9 @@ class MessageDetail(MessageSummary):
     payload: Any = Field(
         default=None,
         description="The body parsed as JSON, when it is JSON; otherwise null and "
-        "`body_base64` holds the bytes.",
+        "`body_base64` holds the bytes. A JSON body nested more than "
+        f"{MAX_PAYLOAD_DEPTH} levels deep, or holding what a JSON answer cannot (NaN, "
+        "Infinity, an unpaired surrogate escape), is shown as `body_base64` too.",
     )
     body_base64: str | None = Field(
         default=None, description="The raw body in base64, when it is not JSON."

@@ -1,0 +1,85 @@
+"""What a delivery may give us to store, checked where each value is taken from it.
+
+PostgreSQL refuses text holding NUL or an unpaired surrogate, and a b-tree entry (the
+event type is indexed) over about 2.7 KB. A value that reached the database like that
+would fail the whole group-commit batch it was written with, so each is refused here, with
+a 4xx naming the header or field, before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from service.sources.base import BadDelivery, Rejected
+
+MAX_MESSAGE_ID_LENGTH = 512
+MAX_EVENT_TYPE_LENGTH = 256
+MAX_CONTENT_TYPE_LENGTH = 256
+MAX_HEADER_COUNT = 100
+MAX_HEADER_BYTES = 8192  # one header's name and value together
+
+# RFC 9110 §5.1 and §5.5: a name is a token; a value has no control character but tab.
+_HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE_FORBIDDEN = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class HeadersTooLarge(Rejected):
+    status = 431
+    title = "Request Header Fields Too Large"
+    reason = "headers_too_large"
+
+
+def _bounded_text(text: str, limit: int, named: str) -> str:
+    """`text`, or a 400 if it is longer than `limit` characters or holds a non-printable one
+    (a control character, an unpaired surrogate)."""
+    if len(text) > limit:
+        raise BadDelivery(f"{named} is longer than {limit} characters")
+    if not text.isprintable():
+        bad = next(c for c in text if not c.isprintable())
+        raise BadDelivery(f"{named} contains the non-printable character U+{ord(bad):04X}")
+    return text
+
+
+def checked_message_id(value: object, where: str) -> str:
+    """A usable dedup key from `value`, or a 400 naming the header or field it came from."""
+    if value is None or value == "":
+        raise BadDelivery(f"missing message id: expected {where}")
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise BadDelivery(f"message id in {where} must be a string")
+    return _bounded_text(str(value), MAX_MESSAGE_ID_LENGTH, f"message id in {where}")
+
+
+def checked_event_type(value: object, where: str) -> str | None:
+    """The event type in `value` (None when absent or not a string), or a 400 naming `where`."""
+    if not isinstance(value, str) or not value:
+        return None
+    return _bounded_text(value, MAX_EVENT_TYPE_LENGTH, f"event type in {where}")
+
+
+def checked_content_type(value: str) -> str | None:
+    """The request's content type as stored (None when absent), or a 400."""
+    if not value:
+        return None
+    return _bounded_text(value, MAX_CONTENT_TYPE_LENGTH, "the Content-Type header")
+
+
+def check_headers(raw: Sequence[tuple[bytes, bytes]]) -> None:
+    """Refuse headers we would not store: too many (431), one too large (431), or a name or
+    value an HTTP parser would have refused (400), each naming the header.
+
+    The HTTP server already refuses most of these on the wire; this is the check for what
+    reaches the app by any other way (another server, a proxy, a test client).
+    """
+    if len(raw) > MAX_HEADER_COUNT:
+        raise HeadersTooLarge(f"{len(raw)} header fields; at most {MAX_HEADER_COUNT} are accepted")
+    for name, value in raw:
+        shown = name[:64].decode("latin-1")
+        if len(name) + len(value) > MAX_HEADER_BYTES:
+            raise HeadersTooLarge(
+                f"header {shown} is larger than {MAX_HEADER_BYTES} bytes (name and value)"
+            )
+        if not _HEADER_NAME.fullmatch(name):
+            raise BadDelivery(f"header name {shown!r} is not an HTTP token")
+        if _HEADER_VALUE_FORBIDDEN.search(value):
+            raise BadDelivery(f"header {shown} contains control characters")

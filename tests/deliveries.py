@@ -1,0 +1,279 @@
+"""A delivery of every kind, authentic, carrying the message id and event type a test chooses.
+
+For tests of what a sender may put in the values that are stored: each kind takes its event
+type from a different place (a header, a body field, an attribute, a percent-encoded header).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.x509.oid import NameOID
+
+from service.app import create_app
+from service.core.config import Settings
+from service.inbox_config import InboxConfig, parse_inbox_config
+from service.sources.github import github_signature
+from service.sources.shopify import shopify_signature
+from service.sources.slack import slack_signature
+from service.sources.sns import SnsSource, string_to_sign
+from service.sources.standard_webhooks import decode_secret, sign
+from service.sources.stripe import stripe_signature_header
+from tests.conftest import running
+
+SECRET = "whsec_" + base64.b64encode(b"deliveries-of-every-kind-key-32b").decode()
+KEY = SECRET.encode()
+TOKEN = "a-long-shared-token-value"
+SNS_CERT_URL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-test.pem"
+SNS_TOPIC = "arn:aws:sns:us-east-1:123456789012:orders"
+
+SOURCES: dict[str, dict[str, Any]] = {
+    "generic-header": {
+        "kind": "generic",
+        "id_header": "x-id",
+        "event_type_header": "x-event-type",
+        "token": TOKEN,
+    },
+    "generic-json": {
+        "kind": "generic",
+        "id_json_pointer": "/id",
+        "event_type_json_pointer": "/type",
+        "token": TOKEN,
+    },
+    "standard-webhooks": {"kind": "standard-webhooks", "secrets": [SECRET]},
+    "stripe": {"kind": "stripe", "secrets": [SECRET]},
+    "github": {"kind": "github", "secrets": [SECRET]},
+    "shopify": {"kind": "shopify", "secrets": [SECRET]},
+    "slack": {"kind": "slack", "secrets": [SECRET]},
+    "pubsub": {"kind": "pubsub", "token": TOKEN, "event_type_attribute": "type"},
+    "sns": {"kind": "sns", "topic_arns": [SNS_TOPIC]},
+    "eventgrid": {"kind": "eventgrid", "token": TOKEN},
+    "cloudevents-binary": {"kind": "cloudevents", "token": TOKEN},
+    "cloudevents-structured": {"kind": "cloudevents", "token": TOKEN},
+    "dapr": {"kind": "dapr", "app_api_token": TOKEN},
+}
+
+# Where each source reads its event type from: a header carries only Latin-1 text.
+FROM_HEADER = {"generic-header", "github", "shopify"}
+
+
+@dataclass
+class Delivery:
+    path: str
+    body: bytes
+    headers: dict[str, bytes] = field(default_factory=dict)
+
+
+def _json(value: Any) -> bytes:
+    # ensure_ascii: an unpaired surrogate travels as a JSON escape, as a hostile sender's would.
+    return json.dumps(value).encode()
+
+
+def _generic_header(msg_id: str, event_type: str) -> Delivery:
+    headers = {"x-id": msg_id.encode(), "x-event-type": event_type.encode("latin-1")}
+    return Delivery(f"/webhooks/generic-header?token={TOKEN}", b"{}", headers)
+
+
+def _generic_json(msg_id: str, event_type: str) -> Delivery:
+    body = _json({"id": msg_id, "type": event_type})
+    return Delivery(f"/webhooks/generic-json?token={TOKEN}", body)
+
+
+def _standard(msg_id: str, event_type: str) -> Delivery:
+    body = _json({"type": event_type})
+    now = int(time.time())
+    headers = {
+        "webhook-id": msg_id.encode(),
+        "webhook-timestamp": str(now).encode(),
+        "webhook-signature": sign(decode_secret(SECRET), msg_id, now, body).encode(),
+    }
+    return Delivery("/webhooks/standard-webhooks", body, headers)
+
+
+def _stripe(msg_id: str, event_type: str) -> Delivery:
+    body = _json({"id": msg_id, "object": "event", "type": event_type})
+    header = stripe_signature_header(KEY, int(time.time()), body)
+    return Delivery("/webhooks/stripe", body, {"stripe-signature": header.encode()})
+
+
+def _github(msg_id: str, event_type: str) -> Delivery:
+    body = b"{}"
+    headers = {
+        "x-hub-signature-256": github_signature(KEY, body).encode(),
+        "x-github-delivery": msg_id.encode(),
+        "x-github-event": event_type.encode("latin-1"),
+    }
+    return Delivery("/webhooks/github", body, headers)
+
+
+def _shopify(msg_id: str, event_type: str) -> Delivery:
+    body = b"{}"
+    headers = {
+        "x-shopify-hmac-sha256": shopify_signature(KEY, body).encode(),
+        "x-shopify-webhook-id": msg_id.encode(),
+        "x-shopify-topic": event_type.encode("latin-1"),
+    }
+    return Delivery("/webhooks/shopify", body, headers)
+
+
+def _slack(msg_id: str, event_type: str) -> Delivery:
+    body = _json({"type": "event_callback", "event_id": msg_id, "event": {"type": event_type}})
+    ts = str(int(time.time()))
+    headers = {
+        "x-slack-request-timestamp": ts.encode(),
+        "x-slack-signature": slack_signature(KEY, ts, body).encode(),
+    }
+    return Delivery("/webhooks/slack", body, headers)
+
+
+def _pubsub(msg_id: str, event_type: str) -> Delivery:
+    body = _json({"message": {"messageId": msg_id, "attributes": {"type": event_type}}})
+    return Delivery(f"/webhooks/pubsub?token={TOKEN}", body)
+
+
+def _eventgrid(msg_id: str, event_type: str) -> Delivery:
+    event = {"id": msg_id, "eventType": event_type, "subject": "s", "data": {}}
+    return Delivery(f"/webhooks/eventgrid?token={TOKEN}", _json([event]))
+
+
+def _cloudevent(msg_id: str, event_type: str) -> dict[str, str]:
+    return {"specversion": "1.0", "id": msg_id, "source": "/tests", "type": event_type}
+
+
+def _cloudevents_binary(msg_id: str, event_type: str) -> Delivery:
+    # The HTTP binding percent-encodes attribute values: any text, NUL included, can arrive.
+    headers = {
+        "ce-specversion": b"1.0",
+        "ce-id": quote(msg_id, safe="").encode(),
+        "ce-source": b"/tests",
+        "ce-type": quote(event_type, safe="", errors="surrogatepass").encode(),
+    }
+    return Delivery(f"/webhooks/cloudevents-binary?token={TOKEN}", b"{}", headers)
+
+
+def _cloudevents_structured(msg_id: str, event_type: str) -> Delivery:
+    body = _json(_cloudevent(msg_id, event_type))
+    headers = {"content-type": b"application/cloudevents+json"}
+    return Delivery(f"/webhooks/cloudevents-structured?token={TOKEN}", body, headers)
+
+
+def _dapr(msg_id: str, event_type: str) -> Delivery:
+    body = _json(_cloudevent(msg_id, event_type))
+    headers = {"content-type": b"application/cloudevents+json", "dapr-api-token": TOKEN.encode()}
+    return Delivery("/webhooks/dapr", body, headers)
+
+
+class SnsSigner:
+    """Signs SNS notifications with a local key, whose certificate the source is handed."""
+
+    def __init__(self) -> None:
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
+        now = datetime.datetime.now(datetime.UTC)
+        self.pem = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .sign(self.key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM)
+        )
+
+    async def certificate_pem(self, url: str) -> bytes:
+        return self.pem
+
+    async def confirm_subscription(self, url: str) -> None:
+        raise AssertionError("no subscription is confirmed here")
+
+    def __call__(self, msg_id: str, event_type: str) -> Delivery:
+        message = {
+            "Type": "Notification",
+            "MessageId": msg_id,
+            "TopicArn": SNS_TOPIC,
+            "Subject": event_type,
+            "Message": "hello",
+            "Timestamp": "2024-01-01T00:00:00.000Z",
+            "SignatureVersion": "2",
+            "SigningCertURL": SNS_CERT_URL,
+        }
+        # Signed as the service will read it, once JSON has paired adjacent surrogates up.
+        message = json.loads(json.dumps(message))
+        signature = self.key.sign(string_to_sign(message), padding.PKCS1v15(), hashes.SHA256())
+        message["Signature"] = base64.b64encode(signature).decode()
+        return Delivery("/webhooks/sns", _json(message), {"content-type": b"text/plain"})
+
+
+SNS = SnsSigner()
+
+BUILDERS: dict[str, Callable[[str, str], Delivery]] = {
+    "generic-header": _generic_header,
+    "generic-json": _generic_json,
+    "standard-webhooks": _standard,
+    "stripe": _stripe,
+    "github": _github,
+    "shopify": _shopify,
+    "slack": _slack,
+    "pubsub": _pubsub,
+    "sns": SNS,
+    "eventgrid": _eventgrid,
+    "cloudevents-binary": _cloudevents_binary,
+    "cloudevents-structured": _cloudevents_structured,
+    "dapr": _dapr,
+}
+
+
+def delivery(kind: str, msg_id: str, event_type: str) -> Delivery:
+    """An authentic delivery to the source `kind` of `SOURCES`."""
+    built = BUILDERS[kind](msg_id, event_type)
+    built.headers.setdefault("content-type", b"application/json")
+    return built
+
+
+def inbox() -> InboxConfig:
+    """`SOURCES` built, the SNS source fetching its certificate from `SNS`."""
+    config = parse_inbox_config({"sources": SOURCES})
+    sns = config.sources["sns"]
+    assert isinstance(sns, SnsSource)
+    sns.fetcher = SNS
+    return config
+
+
+def stored_message_id(kind: str, msg_id: str) -> str:
+    """The dedup key a kind stores for `msg_id`: CloudEvents kinds pair it with the source."""
+    if kind.startswith("cloudevents") or kind == "dapr":
+        return json.dumps(["/tests", msg_id], separators=(",", ":"))
+    return msg_id
+
+
+@asynccontextmanager
+async def every_kind_client(database_url: str, data_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an app serving `SOURCES` on the test's database."""
+    app = create_app(Settings(database_url=database_url, data_dir=data_dir), inbox())
+    async with running(app) as client:
+        yield client
+
+
+def refusal(kind: str, response: httpx.Response) -> str | None:
+    """The detail of a refused delivery (a 4xx problem, or Dapr's 200 DROP: its default
+    `on_malformed`), or None for a delivery that was recorded."""
+    if response.status_code == 200:
+        answer = response.json()
+        return str(answer["detail"]) if answer.get("status") == "DROP" else None
+    assert response.headers["content-type"] == "application/problem+json", response.text
+    return str(response.json()["detail"])
