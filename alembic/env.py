@@ -7,9 +7,9 @@ import asyncio
 from sqlalchemy import Connection
 
 from alembic import context
-from service.core.config import Settings
 from service.core.db import create_engine, database_url
 from service.core.schema import metadata
+from service.core.settings import Settings
 
 config = context.config
 # The tables as the code declares them: `alembic revision --autogenerate` diffs against these,

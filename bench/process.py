@@ -25,11 +25,11 @@ import asyncpg
 import psutil
 
 from bench.handlers import EFFECTS_DDL
-from bench.ingest import RESULTS_DIR, console_script
 from bench.load import BODY_TEMPLATE
 from bench.pg import BenchPostgres
 from bench.profile import analyse, find_py_spy
 from bench.servers import MemorySampler, Server
+from bench.systems import RESULTS_DIR, console_script
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,10 +16,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.ingest import RESULTS_DIR, build_processes
 from bench.load import run_wrk, write_requests
 from bench.pg import BenchPostgres
 from bench.servers import Server
+from bench.systems import RESULTS_DIR, build_processes
 
 # "function (path/to/file.py:line)" as py-spy writes a frame with --function.
 FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:()]+)(?::\d+)?\)$")

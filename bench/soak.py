@@ -25,10 +25,10 @@ import httpx
 import psutil
 
 from bench.handlers import EFFECTS_DDL
-from bench.ingest import RESULTS_DIR, console_script
 from bench.load import BODY_TEMPLATE
 from bench.pg import BenchPostgres
 from bench.servers import Server
+from bench.systems import RESULTS_DIR, console_script
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,17 +13,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.core.config import (
-    ConfigError,
-    Settings,
-    format_validation_error,
-)
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
 from service.core.metrics import Metrics
-from service.inbox_config import InboxConfig, load_inbox_config
+from service.core.settings import ConfigError, Settings, format_validation_error
 from service.processing.pipeline import Pipeline, resolve_pipelines
-from service.retention import PruneReport, prune
+from service.sources.config_file import InboxConfig, load_inbox_config
+from service.worker.retention import PruneReport, prune
 
 log = logging.getLogger("service.cli")
 

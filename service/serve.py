@@ -21,12 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from service.core.config import MAX_REQUEST_HEAD_BYTES, Settings
+from service.api.head_limits import MAX_REQUEST_HEAD_BYTES
+from service.api.security import ensure_admin_tokens
 from service.core.db import EmbeddedPostgres, create_engine, describe_url
 from service.core.metrics import MULTIPROCESS_ENV
 from service.core.migrations import upgrade
-from service.core.security import ensure_admin_tokens
-from service.inbox_config import InboxConfig
+from service.core.settings import Settings
+from service.sources.config_file import InboxConfig
 from service.supervisor import Role, Supervisor
 
 log = logging.getLogger("service.serve")
@@ -125,7 +126,7 @@ def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> N
 def http_protocol() -> Any:
     """uvicorn's HTTP implementation: httptools (faster) with our head bound, else h11."""
     try:
-        from service.core.http_protocol import BoundedHttpToolsProtocol
+        from service.api.http_protocol import BoundedHttpToolsProtocol
     except ImportError:  # httptools is not installed
         return "h11"
     return BoundedHttpToolsProtocol

@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
 from service.app import create_app
-from service.core.config import Settings
-from service.inbox_config import InboxConfig, parse_inbox_config
+from service.core.settings import Settings
+from service.sources.config_file import InboxConfig, parse_inbox_config
 from service.sources.github import github_signature
 from service.sources.shopify import shopify_signature
 from service.sources.slack import slack_signature

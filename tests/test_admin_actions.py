@@ -7,9 +7,9 @@ from typing import Any
 
 import asyncpg
 
-from service.core.config import Settings
+from service.api.security import token_fingerprint
 from service.core.db import create_engine
-from service.core.security import token_fingerprint
+from service.core.settings import Settings
 from service.store.admin import MessageFilter, bulk_retry
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, status_of
 from tests.conftest import AppFactory

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from service.core.security import matching_token, token_fingerprint
+from service.api.security import matching_token, token_fingerprint
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_attempt
 from tests.conftest import AppFactory
 
@@ -28,7 +28,7 @@ ADMIN_ROUTES = [
 
 def test_admin_routes_cover_the_openapi_admin_paths() -> None:
     from service.app import create_app
-    from service.core.config import Settings
+    from service.core.settings import Settings
 
     spec = create_app(Settings(database_url="postgresql://x/y")).openapi()
     documented = {

@@ -18,8 +18,8 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from service.app import create_app
-from service.core.config import Settings
-from service.inbox_config import parse_inbox_config
+from service.core.settings import Settings
+from service.sources.config_file import parse_inbox_config
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_attempt
 
 MAX_EXAMPLES = 20

@@ -8,11 +8,11 @@ import logging
 import asyncpg
 import pytest
 
-from service.core.config import Settings
 from service.core.db import create_engine
-from service.inbox_config import parse_inbox_config
+from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
-from service.store.processing import claim_due, hold_claimed
+from service.sources.config_file import parse_inbox_config
+from service.store.claims import claim_due, hold_claimed
 from service.worker import Worker, WorkerOptions
 from tests.conftest import AppFactory
 from tests.processing_helpers import (

@@ -7,8 +7,8 @@ import time
 
 import asyncpg
 
+from service.core.db import asyncpg_dsn
 from tests.conftest import AppFactory
-from tests.pg import asyncpg_dsn
 
 CONFIG = {"sources": {"s": {"kind": "generic", "id_header": "x-id"}}}
 

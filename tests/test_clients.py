@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.pg import asyncpg_dsn
+from service.core.db import asyncpg_dsn
 from tests.server import ServerProcess
 
 LIMIT = 1024 * 1024

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from service.cli import load
-from service.core.config import ConfigError, Settings
-from service.inbox_config import load_inbox_config, parse_inbox_config
+from service.core.settings import ConfigError, Settings
+from service.sources.config_file import load_inbox_config, parse_inbox_config
 
 
 def error_for(config: dict[str, Any]) -> str:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from service.core.config import Settings
 from service.core.db import create_engine
 from service.core.migrations import upgrade
+from service.core.settings import Settings
 from tests.conftest import AppFactory, running
 from tests.pg import EmbeddedServer
 from tests.server import ServerProcess
@@ -43,7 +43,7 @@ async def test_database_down_is_503_with_retry_after_then_recovers(
     own_server: EmbeddedServer, own_url: str
 ) -> None:
     from service.app import create_app
-    from service.inbox_config import parse_inbox_config
+    from service.sources.config_file import parse_inbox_config
 
     app = create_app(
         Settings(database_url=own_url, db_timeout_seconds=2), parse_inbox_config(CONFIG)

@@ -9,12 +9,11 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from service.core.config import Settings
-from service.core.db import create_engine
+from service.core.db import asyncpg_dsn, create_engine
+from service.core.settings import Settings
 from service.sources.base import Message, Recorded
 from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
 from service.store.group_commit import GroupCommitter
-from tests.pg import asyncpg_dsn
 
 
 @pytest.fixture

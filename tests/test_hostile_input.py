@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from service.inbox_config import parse_inbox_config
 from service.sources.base import Messages, RawDelivery, Rejected, Source, Unauthenticated
+from service.sources.config_file import parse_inbox_config
 from service.sources.github import github_signature
 from service.sources.shopify import shopify_signature
 from service.sources.slack import slack_signature

@@ -18,8 +18,8 @@ import asyncpg
 import httpx
 import pytest
 
-from service.core.config import REQUEST_HEAD_TIMEOUT_SECONDS
-from tests.pg import asyncpg_dsn
+from service.api.head_limits import REQUEST_HEAD_TIMEOUT_SECONDS
+from service.core.db import asyncpg_dsn
 from tests.server import ServerProcess
 
 pytestmark = pytest.mark.slow

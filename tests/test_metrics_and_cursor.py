@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.core.cursor import CursorError, Position, cursor_key, decode_cursor, encode_cursor
+from service.api.admin.cursor import CursorError, Position, cursor_key, decode_cursor, encode_cursor
 from service.core.metrics import Metrics
 from tests.admin_seed import seed
 from tests.conftest import AppFactory

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncpg
 
-from service.core.config import Settings
-from service.core.db import create_engine
+from service.core.db import asyncpg_dsn, create_engine
 from service.core.migrations import current_revision, downgrade, head_revision, upgrade
-from tests.pg import asyncpg_dsn, create_database, drop_database, with_database
+from service.core.settings import Settings
+from tests.pg import create_database, drop_database, with_database
 
 
 async def tables(url: str) -> set[str]:

@@ -21,8 +21,8 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from service.app import create_app
-from service.core.config import Settings
-from service.inbox_config import parse_inbox_config
+from service.core.settings import Settings
+from service.sources.config_file import parse_inbox_config
 from tests.processing_helpers import create_effects
 
 MAX_EXAMPLES = 40

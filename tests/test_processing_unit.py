@@ -10,11 +10,12 @@ import pytest
 
 from service import InboxMessage, PermanentFailure, RetryLater
 from service.cli import main
-from service.core.config import ConfigError, SourceConfig
-from service.inbox_config import parse_inbox_config
+from service.core.settings import ConfigError
 from service.processing.forward import parse_retry_after
 from service.processing.pipeline import resolve_pipelines
 from service.processing.policy import backoff_delay, classify_failure
+from service.sources.config import SourceConfig
+from service.sources.config_file import parse_inbox_config
 from tests.processing_helpers import config
 
 CFG = SourceConfig(kind="generic", max_attempts=3, backoff_base_seconds=2, backoff_max_seconds=60)

@@ -10,11 +10,11 @@ import asyncpg
 import pytest
 
 from service.cli import main
-from service.core.config import ConfigError, Settings
 from service.core.db import create_engine
 from service.core.metrics import Metrics
-from service.inbox_config import parse_inbox_config, unconfigured_source_floor_days
-from service.retention import prune
+from service.core.settings import ConfigError, Settings
+from service.sources.config_file import parse_inbox_config, unconfigured_source_floor_days
+from service.worker.retention import prune
 from tests.admin_seed import AUTH, TOKEN, seed, seed_attempt
 from tests.conftest import AppFactory
 
@@ -199,7 +199,7 @@ async def test_prune_periodically_prunes_until_stopped(
 ) -> None:
     import asyncio
 
-    from service.retention import prune_periodically
+    from service.worker.retention import prune_periodically
 
     await seed(db, "old", status="processed", age=40 * DAY)
     engine = create_engine(database_url, Settings(database_url=database_url))

@@ -6,11 +6,11 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from service.core.config import Settings
-from service.core.db import create_engine
+from service.core.db import asyncpg_dsn, create_engine
 from service.core.migrations import upgrade
 from service.core.schema import metadata
-from tests.pg import asyncpg_dsn, create_database, drop_database, with_database
+from service.core.settings import Settings
+from tests.pg import create_database, drop_database, with_database
 
 
 def pg_dump_binary() -> str:

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.pg import asyncpg_dsn
+from service.core.db import asyncpg_dsn
 from tests.processing_helpers import create_effects, wait_until
 from tests.server import ServerProcess
 from tests.worker_process import ROOT, wait_listening

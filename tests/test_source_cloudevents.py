@@ -13,7 +13,7 @@ from cloudevents.core.bindings.http import to_binary_event, to_structured_event
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
-from service.sources.cloudevent import dedup_key
+from service.sources.cloudevents_http import dedup_key
 from tests.conftest import AppFactory
 
 SECRET = "ce-test-secret-0123456789"

@@ -13,8 +13,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from service.core.config import ConfigError
-from service.inbox_config import parse_inbox_config
+from service.core.settings import ConfigError
+from service.sources.config_file import parse_inbox_config
 from tests.conftest import AppFactory
 
 AUDIENCE = "https://inbox.example.com/webhooks/push"

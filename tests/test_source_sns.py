@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
 from service.app import create_app
-from service.core.config import Settings
-from service.inbox_config import parse_inbox_config
+from service.core.settings import Settings
+from service.sources.config_file import parse_inbox_config
 from service.sources.sns import SnsSource, string_to_sign
 from tests.conftest import running
 
@@ -330,7 +330,7 @@ async def test_unsubscribe_confirmation_is_verified_and_answered(
 
 
 def test_topic_arns_are_required() -> None:
-    from service.core.config import ConfigError
+    from service.core.settings import ConfigError
 
     with pytest.raises(ConfigError, match="topic_arns"):
         parse_inbox_config({"sources": {"s": {"kind": "sns"}}})

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from service.app import create_app
-from service.core.config import Settings
-from service.inbox_config import parse_inbox_config
+from service.core.settings import Settings
+from service.sources.config_file import parse_inbox_config
 from service.supervisor import Role, Supervisor, describe_exit, restart_delay
 from tests.conftest import running
 

@@ -9,9 +9,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from service.core.config import ConfigError
-from service.inbox_config import parse_inbox_config
+from service.core.settings import ConfigError
 from service.sources import signing
+from service.sources.config_file import parse_inbox_config
 from service.sources.slack import slack_signature
 from tests.conftest import AppFactory
 from tests.sources.helpers import assert_rejected, count_rows, only_row

@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 import stripe
 
-from service.core.config import ConfigError
-from service.inbox_config import parse_inbox_config
+from service.core.settings import ConfigError
+from service.sources.config_file import parse_inbox_config
 from service.sources.stripe import (
     parse_signature_header,
     stripe_signature,

@@ -7,8 +7,9 @@ import binascii
 import hashlib
 import hmac
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from service.store.admin import Position
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -18,14 +19,6 @@ _KEY_LABEL = b"webhook-inbox admin cursor v1"
 
 class CursorError(ValueError):
     """A cursor that is malformed, was altered, or belongs to another query."""
-
-
-@dataclass(frozen=True)
-class Position:
-    """A row's place in the newest-first order: `(received_at, id)`, both descending."""
-
-    received_at: datetime
-    id: int
 
 
 def cursor_key(admin_tokens: Sequence[str]) -> bytes:

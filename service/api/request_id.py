@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
+from service.core.logging import REQUEST_ID
 
 _ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 

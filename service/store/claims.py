@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.processing.api import HandlerSession
+from service.core.schema import DUE, Status
 from service.store.errors import translate_errors
 
 
@@ -37,7 +37,7 @@ class AttemptResult:
 
     id: int
     attempt: int
-    status: str  # processed | retrying | dead
+    status: Status  # processed, retrying or dead
     outcome: str  # inbox_attempts.outcome
     started_at: datetime
     finished_at: datetime
@@ -51,25 +51,6 @@ class AttemptResult:
     @property
     def duration_ms(self) -> float:
         return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One claim transaction: its connection, and the session handlers stage effects in."""
-
-    conn: AsyncConnection
-    session: HandlerSession
-
-
-def handler_session(conn: AsyncConnection) -> HandlerSession:
-    """A session that joins `conn`'s transaction; `MessageSavepoints` brackets each message.
-
-    "rollback_only": the session's commit() only flushes and its close() leaves the
-    connection's transaction alone. Its rollback() would roll back the whole batch, so the
-    runner never calls it (and a handler may not): a failed message is undone by rolling back
-    to its savepoint on the connection, then closing the session.
-    """
-    return HandlerSession(bind=conn, join_transaction_mode="rollback_only", expire_on_commit=False)
 
 
 SAVEPOINT = "inbox_message"
@@ -146,14 +127,10 @@ async def message_savepoints(conn: AsyncConnection) -> MessageSavepoints:
 
 
 @asynccontextmanager
-async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[Batch]:
+async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A transaction committed when the block exits normally, rolled back otherwise."""
     async with translate_errors(), engine.connect() as conn, conn.begin():
-        session = handler_session(conn)
-        try:
-            yield Batch(conn, session)
-        finally:
-            await session.close()
+        yield conn
 
 
 # Claiming counts the attempt and commits before any handler runs (as Oban and River do), so
@@ -310,8 +287,8 @@ FINISH_ATTEMPTS = text(
     """
 )
 
-UNLEASED = ["pending", "retrying"]
-LEASED = ["processing"]
+UNLEASED = list(DUE)
+LEASED = [Status.PROCESSING]
 
 
 async def finish_attempts(
@@ -335,7 +312,9 @@ async def finish_attempts(
         "expected": [r.attempt if leased else r.attempt - 1 for r in results],
         "delays": [r.delay_seconds for r in results],
         "unfinished": [r.unfinished for r in results],
-        "last_errors": [None if r.status == "processed" else last_error_line(r) for r in results],
+        "last_errors": [
+            None if r.status == Status.PROCESSED else last_error_line(r) for r in results
+        ],
         "from_statuses": LEASED if leased else UNLEASED,
         "started": [r.started_at for r in results],
         "finished": [r.finished_at for r in results],

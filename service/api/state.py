@@ -10,10 +10,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.config import Settings
 from service.core.metrics import Metrics
-from service.inbox_config import InboxConfig
+from service.core.settings import Settings
 from service.processing.pipeline import Pipeline
+from service.sources.config_file import InboxConfig
 from service.store.group_commit import GroupCommitter
 
 
@@ -27,7 +27,7 @@ class AppState:
     metrics: Metrics = field(default_factory=Metrics)
     # Admin bearer tokens in force (configured or generated); never logged or answered.
     admin_tokens: list[str] = field(default_factory=list, repr=False)
-    # Signs the admin listings' cursors; see `service.core.cursor.cursor_key`.
+    # Signs the admin listings' cursors; see `service.api.admin.cursor.cursor_key`.
     cursor_key: bytes = field(default=b"", repr=False)
     pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
     # Under `serve`: the supervisor's file of live children, which `/readyz` reads.

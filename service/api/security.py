@@ -14,9 +14,9 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.core.config import Settings
-from service.core.problems import ProblemError
-from service.core.state import StateDep
+from service.api.problems import ProblemError
+from service.api.state import StateDep
+from service.core.settings import Settings
 
 TOKEN_FILE = "admin-token"
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.core.config import ConfigError, RetentionConfig, format_validation_error, read_toml
-from service.sources import KINDS, Source
+from service.core.settings import ConfigError, format_validation_error
+from service.sources import KINDS
+from service.sources.base import AnySource
+from service.sources.config import RetentionConfig, read_toml
 
 _SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
@@ -19,11 +21,11 @@ _SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 class InboxConfig:
     """What the sources file says: the sources by name, and retention."""
 
-    sources: Mapping[str, Source] = field(default_factory=dict)
+    sources: Mapping[str, AnySource] = field(default_factory=dict)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
 
 
-def build_source(name: str, table: Any) -> Source:
+def build_source(name: str, table: Any) -> AnySource:
     """Validate one `[sources.NAME]` table with its kind's own model and build the source."""
     where = f"sources.{name}"
     if not name or not set(name) <= _SOURCE_NAME_CHARS:
@@ -52,7 +54,7 @@ def _days(value: float) -> str:
     return f"{value:g} day" + ("" if value == 1 else "s")
 
 
-def check_retention_floors(sources: Mapping[str, Source], retention: RetentionConfig) -> None:
+def check_retention_floors(sources: Mapping[str, AnySource], retention: RetentionConfig) -> None:
     """Refuse a retention shorter than a source's redelivery window.
 
     Pruning a row while its sender may still redeliver the message removes its dedup key, and

@@ -12,8 +12,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from service.core.config import MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_SECONDS
-from service.core.problems import RETRY_AFTER_SECONDS, problem
+from service.api.head_limits import MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_SECONDS
+from service.api.problems import RETRY_AFTER_SECONDS, problem
 
 log = logging.getLogger("service.http")
 

@@ -11,16 +11,17 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.metrics import Metrics
-from service.inbox_config import InboxConfig, unconfigured_source_floor_days
+from service.core.schema import Status
+from service.sources.config_file import InboxConfig, unconfigured_source_floor_days
 from service.store.errors import StoreUnavailable
 from service.store.retention import delete_batch
 
-log = logging.getLogger("service.retention")
+log = logging.getLogger("service.worker.retention")
 
 PRUNE_BATCH_SIZE = 1000
 PRUNE_INTERVAL_SECONDS = 3600.0
 
-FINISHED = ("processed", "discarded")
+FINISHED = (Status.PROCESSED, Status.DISCARDED)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def retention_rules(inbox: InboxConfig) -> list[Rule]:
     for name, floor in targets:
         rules.append(Rule(name, FINISHED, max(retention.processed_days, floor), floor))
         if retention.dead_days is not None:
-            rules.append(Rule(name, ("dead",), max(retention.dead_days, floor), floor))
+            rules.append(Rule(name, (Status.DEAD,), max(retention.dead_days, floor), floor))
     return rules
 
 
@@ -94,7 +95,7 @@ async def prune(
             if len(deleted) < batch_size:
                 break
             await asyncio.sleep(0)  # let ingest's requests run between batches
-    report.by_status = {status: statuses.get(status, 0) for status in (*FINISHED, "dead")}
+    report.by_status = {status: statuses.get(status, 0) for status in (*FINISHED, Status.DEAD)}
     log.info("pruned", extra={"deleted": report.total, **report.by_status})
     return report
 
