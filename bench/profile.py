@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, wrk: str) -> None:
                     work / "req", f"prof-{target.name}", per_thread, args.threads, key
                 )
                 out = RESULTS_DIR / f"profile-{stamp}-{target.name}.txt"
-                record = ["record", "--pid", str(srv.pid), "--function", "--nonblocking"]
+                record = ["record", "--pid", str(srv.http_pid), "--function", "--nonblocking"]
                 output = ["--duration", str(int(args.duration)), "--format", "raw", "-o", str(out)]
                 spy = subprocess.Popen(
                     [py_spy, *record, *output],

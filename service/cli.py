@@ -133,7 +133,7 @@ def positive(value: str) -> int:
 def load(
     settings_only: bool = False, role: str = "cli", **overrides: Any
 ) -> tuple[Settings, InboxConfig, dict[str, Pipeline]]:
-    """Settings, sources and their imported handlers, or exit 2 with one line naming the fault.
+    """Settings, sources and their imported handlers, or exit 1 with one line naming the fault.
 
     `role` is stamped on every log line of this process (supervisor, http, processing, cli).
     """

@@ -139,7 +139,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "timeout_keep_alive": 5,
         # Requests in progress at once; beyond it, 503 with Retry-After. At this many open
         # connections, the one waiting longest for a request is closed to make room, so idle
-        # sockets never refuse a sender (service/core/http_protocol.py; h11 counts them all).
+        # sockets never refuse a sender (service/api/http_protocol.py; h11 counts them all).
         "limit_concurrency": settings.max_connections,
         # Request heads larger than this are refused: by h11 itself, or by our subclass of
         # the httptools protocol, since httptools has no bound of its own (431, then close);
