@@ -182,6 +182,7 @@ async def test_sign_in_with_the_keyboard_and_see_a_dead_letter_on_the_overview(
     console: Console, page: Page
 ) -> None:
     await dead_letter(console, "evt_1")
+    assert f"console: {console.url}/console/" in console.server.output()  # the banner's link
     await page.goto(console.url + "/console/")
     await expect(page).to_have_url(console.url + "/console/sign-in?next=%2Fconsole%2F")
     token = page.get_by_label("Admin token")
