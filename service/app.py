@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from service.api import admin, health, ingest, metrics
+from service.api import admin, console, health, ingest, metrics
 from service.core.config import Settings
 from service.core.cursor import cursor_key
 from service.core.db import create_engine, database_url
@@ -103,6 +103,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)
+    console.install(app)
     return app
 
 
