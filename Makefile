@@ -5,6 +5,10 @@ PYTHON ?= python3
 UV ?= $(shell command -v uv 2>/dev/null || echo .bootstrap/bin/uv)
 VENV := .venv
 BIN := $(VENV)/bin
+# The console's browser tests drive Debian's chromium through Playwright (which downloads no
+# browser of its own here); installed with apt-get when missing.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # `make run` serves inbox.toml when you have one, else the committed example.
 INBOX_CONFIG ?= $(if $(wildcard inbox.toml),inbox.toml,inbox.example.toml)
@@ -27,7 +31,7 @@ lint: $(VENV)/.synced
 typecheck: $(VENV)/.synced
 	$(BIN)/mypy --strict service
 
-pytest: $(VENV)/.synced
+pytest: $(VENV)/.synced $(CHROMIUM)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 migrate: $(VENV)/.synced
@@ -36,6 +40,10 @@ migrate: $(VENV)/.synced
 .bootstrap/bin/uv:
 	$(PYTHON) -m venv .bootstrap
 	.bootstrap/bin/pip install --quiet --disable-pip-version-check uv
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
 	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --python $(PYTHON)

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from service.api import admin, health, ingest, metrics
+from service.api import admin, console, health, ingest, metrics
 from service.api.admin.cursor import cursor_key
 from service.api.problems import install_problem_handlers, unavailable
 from service.api.request_id import RequestIdMiddleware
@@ -103,6 +103,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)
+    console.install(app)
     return app
 
 

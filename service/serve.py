@@ -43,7 +43,10 @@ HTTP_GRACE_SECONDS = 30.0
 def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
     base = f"http://{host}:{port}"
     tokens, token_file = ensure_admin_tokens(settings)
-    lines = [f"webhook-inbox serving on {base} (API docs: {base}/docs)"]
+    lines = [
+        f"webhook-inbox serving on {base} (API docs: {base}/docs)",
+        f"console: {base}/console/ (sign in with an admin token)",
+    ]
     if token_file is not None:
         lines += [
             f"admin token: {tokens[0]}",

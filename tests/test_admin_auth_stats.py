@@ -20,7 +20,9 @@ ADMIN_ROUTES = [
     ("POST", "/admin/messages/retry"),
     ("POST", "/admin/messages/1/discard"),
     ("GET", "/admin/dead-letters"),
+    ("GET", "/admin/dead-letters/groups"),
     ("GET", "/admin/stats"),
+    ("GET", "/admin/stats/activity"),
     ("GET", "/admin/sources"),
     ("POST", "/admin/prune"),
 ]

@@ -64,7 +64,14 @@ mode = "sync"
 handlers = ["tests.handlers:always_fail"]
 """
 
-BANNER_PREFIXES = ("webhook-inbox serving on", "admin tokens:", "sources:", "send a ", "curl ")
+BANNER_PREFIXES = (
+    "webhook-inbox serving on",
+    "console:",
+    "admin tokens:",
+    "sources:",
+    "send a ",
+    "curl ",
+)
 
 
 def hmac_hex(key: str, body: bytes) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +57,16 @@ class InvalidTransition(Exception):
         self.detail = detail
 
 
+# The exception type of a message's latest failed attempt (admin actions record none), read
+# through inbox_attempts_message_idx; correlated on `inbox_messages.id`, so it fits any query
+# over inbox_messages that is not aliased.
+LAST_ERROR_TYPE = """
+    SELECT a.error_type FROM inbox_attempts a
+     WHERE a.message_id = inbox_messages.id AND a.error_type IS NOT NULL
+     ORDER BY a.id DESC LIMIT 1
+"""
+
+
 @dataclass(frozen=True)
 class MessageFilter:
     """The admin listings' filters; every one that is set must hold (they combine with AND)."""
@@ -67,6 +77,7 @@ class MessageFilter:
     message_id: str | None = None
     received_after: datetime | None = None  # inclusive
     received_before: datetime | None = None  # exclusive
+    error_type: str | None = None  # of the message's latest failed attempt
 
     def where(self) -> tuple[list[str], dict[str, Any]]:
         """SQL conditions (fixed text, values bound) and their parameters."""
@@ -90,6 +101,9 @@ class MessageFilter:
         if self.received_before is not None:
             clauses.append("received_at < :received_before")
             params["received_before"] = self.received_before
+        if self.error_type is not None:
+            clauses.append(f"({LAST_ERROR_TYPE}) = :error_type")
+            params["error_type"] = self.error_type
         return clauses, params
 
 
@@ -386,3 +400,104 @@ async def recent_attempts(engine: AsyncEngine) -> tuple[int, int, int]:
     async with translate_errors(), engine.connect() as conn:
         row = (await conn.execute(RECENT_ATTEMPTS, {"success": list(SUCCESS_OUTCOMES)})).one()
     return int(row.attempts), int(row.failures), int(row.admin_actions)
+
+
+# Per minute of the last `:minutes` (the current, partial minute last): messages first received
+# (a duplicate only bumps its row's receive_count, so it is not counted), and worker attempts
+# started that succeeded or failed. Both scans use a time index (received, started).
+ACTIVITY_PER_MINUTE = text(
+    """
+    WITH bounds AS (
+        SELECT date_trunc('minute', now()) - (:minutes - 1) * interval '1 minute' AS since
+    ),
+    minutes AS (
+        SELECT generate_series(since, date_trunc('minute', now()), interval '1 minute') AS minute
+          FROM bounds
+    ),
+    received AS (
+        SELECT date_trunc('minute', received_at) AS minute, count(*) AS n
+          FROM inbox_messages, bounds
+         WHERE received_at >= bounds.since
+         GROUP BY 1
+    ),
+    attempted AS (
+        SELECT date_trunc('minute', started_at) AS minute,
+               count(*) FILTER (WHERE outcome = ANY(:success)) AS processed,
+               count(*) FILTER (WHERE outcome <> ALL(:success)
+                                  AND NOT starts_with(outcome, 'admin_')) AS failed
+          FROM inbox_attempts, bounds
+         WHERE started_at >= bounds.since
+         GROUP BY 1
+    )
+    SELECT minutes.minute, coalesce(received.n, 0) AS received,
+           coalesce(attempted.processed, 0) AS processed, coalesce(attempted.failed, 0) AS failed
+      FROM minutes
+      LEFT JOIN received USING (minute)
+      LEFT JOIN attempted USING (minute)
+     ORDER BY minutes.minute
+    """
+)
+
+
+@dataclass(frozen=True)
+class MinuteActivity:
+    minute: datetime  # the minute's start
+    received: int
+    processed: int
+    failed: int
+
+
+async def activity_per_minute(engine: AsyncEngine, minutes: int) -> list[MinuteActivity]:
+    """Messages received and attempts succeeded or failed, per minute, oldest minute first."""
+    async with translate_errors(), engine.connect() as conn:
+        rows = await conn.execute(
+            ACTIVITY_PER_MINUTE, {"minutes": minutes, "success": list(SUCCESS_OUTCOMES)}
+        )
+        return [
+            MinuteActivity(r.minute, int(r.received), int(r.processed), int(r.failed)) for r in rows
+        ]
+
+
+@dataclass(frozen=True)
+class DeadLetterGroup:
+    error_type: str | None  # None: no failed attempt recorded (rows older than attempt history)
+    count: int
+    sources: list[str]
+    oldest_received_at: datetime
+    newest_received_at: datetime
+    latest_error: str | None  # the newest message's last error
+
+
+async def dead_letter_groups(engine: AsyncEngine, filters: MessageFilter) -> list[DeadLetterGroup]:
+    """The `dead` messages matching `filters`, grouped by their last failed attempt's error type,
+    largest group first."""
+    filters = replace(filters, statuses=("dead",))
+    clauses, params = filters.where()
+    query = text(
+        f"""
+        WITH dead AS (
+            SELECT id, source, received_at, last_error, ({LAST_ERROR_TYPE}) AS error_type
+              FROM inbox_messages
+             WHERE {_where_sql(clauses)}
+        )
+        SELECT error_type, count(*) AS n, array_agg(DISTINCT source) AS sources,
+               min(received_at) AS oldest, max(received_at) AS newest,
+               (array_agg(last_error ORDER BY id DESC))[1] AS latest_error
+          FROM dead
+         GROUP BY error_type
+         ORDER BY n DESC, error_type NULLS LAST
+        """  # noqa: S608 - fixed clauses, bound values
+    )
+    async with translate_errors(), engine.connect() as conn:
+        rows = await conn.execute(query, params)
+        return [
+            DeadLetterGroup(
+                r.error_type,
+                int(r.n),
+                sorted(r.sources),
+                r.oldest,
+                r.newest,
+                r.latest_error,
+            )
+            for r in rows
+        ]

@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query
@@ -17,6 +18,8 @@ from service.api.admin.models import (
     MAX_PAYLOAD_DEPTH,
     BulkRetryRequest,
     BulkRetryResult,
+    DeadLetterGroup,
+    DeadLetterGroups,
     DeadLetterQuery,
     MessageDetail,
     MessageFilters,
@@ -59,6 +62,7 @@ def to_filter(filters: MessageFilters, statuses: list[str]) -> MessageFilter:
         message_id=filters.message_id,
         received_after=filters.received_after,
         received_before=filters.received_before,
+        error_type=filters.error_type,
     )
 
 
@@ -71,6 +75,7 @@ def cursor_scope(listing: str, filters: MessageFilter) -> str:
         "message_id": filters.message_id,
         "received_after": filters.received_after,
         "received_before": filters.received_before,
+        "error_type": filters.error_type,
     }
     return listing + json.dumps(fields, sort_keys=True, default=str)
 
@@ -106,6 +111,15 @@ async def list_dead_letters(
     """List dead messages (attempts exhausted or failed permanently), newest first."""
     filters = to_filter(query, [Status.DEAD])
     return await page(state, "dead-letters", filters, query.limit, query.cursor)
+
+
+@router.get("/dead-letters/groups", response_model=DeadLetterGroups)
+async def dead_letter_groups(
+    state: StateDep, query: Annotated[MessageFilters, Query()]
+) -> DeadLetterGroups:
+    """Count dead messages by the error type of their latest failed attempt."""
+    groups = await store.dead_letter_groups(state.engine, to_filter(query, ["dead"]))
+    return DeadLetterGroups(groups=[DeadLetterGroup.model_validate(asdict(g)) for g in groups])
 
 
 def decode_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:

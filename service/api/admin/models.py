@@ -54,6 +54,11 @@ class MessageFilters(BaseModel):
         default=None,
         description="Only messages first received before this ISO 8601 time (no offset: UTC).",
     )
+    error_type: Text | None = Field(
+        default=None,
+        description="Only messages whose latest failed attempt raised this exception type "
+        "(the `error_type` of their attempts, e.g. `TimeoutError`).",
+    )
 
 
 class PageQuery(BaseModel):
@@ -129,8 +134,9 @@ class Attempt(BaseModel):
     traceback: str | None = Field(description="A bounded traceback of a failed attempt.")
     duration_ms: float | None = Field(description="How long the attempt took.")
     actor: str | None = Field(
-        description="Who took an admin action: the fingerprint of the admin token used "
-        "(`token:` and a SHA-256 prefix, never the token); null for the worker."
+        description="Who recorded it: for an admin action, the fingerprint of the admin token "
+        "used (`token:` and a SHA-256 prefix, never the token), prefixed `console:` when it "
+        "was taken in the web console; for an attempt, the worker (`worker:host:pid`)."
     )
 
 
@@ -252,4 +258,51 @@ class PruneResult(BaseModel):
     by_status: dict[str, int] = Field(description="Deleted rows by the status they had.")
     by_source: dict[str, int] = Field(
         description="Deleted rows by source; `(unconfigured)` for sources no longer configured."
+    )
+
+
+class MinuteActivity(BaseModel):
+    minute: datetime = Field(description="The start of the minute (UTC).")
+    received: int = Field(
+        description="Messages first received in that minute (duplicates are not counted here; "
+        "they raise a message's `receive_count`)."
+    )
+    processed: int = Field(description="Attempts started in that minute that succeeded.")
+    failed: int = Field(
+        description="Attempts started in that minute that failed (retried or dead-lettered)."
+    )
+
+
+class Activity(BaseModel):
+    minutes: list[MinuteActivity] = Field(
+        description="One entry per minute, oldest first; the last is the current, partial minute."
+    )
+
+
+class ActivityQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    minutes: int = Field(
+        default=60, ge=1, le=1440, description="How many minutes back, 1 to 1440 (default 60)."
+    )
+
+
+class DeadLetterGroup(BaseModel):
+    """Dead messages that failed the same way."""
+
+    error_type: str | None = Field(
+        description="The exception type of their latest failed attempt; null for messages "
+        "with no failed attempt on record."
+    )
+    count: int = Field(description="Dead messages in the group.")
+    sources: list[str] = Field(description="The sources they came to, by name.")
+    oldest_received_at: datetime = Field(description="When the oldest of them was received.")
+    newest_received_at: datetime = Field(description="When the newest of them was received.")
+    latest_error: str | None = Field(description="The newest message's last error line.")
+
+
+class DeadLetterGroups(BaseModel):
+    groups: list[DeadLetterGroup] = Field(
+        description="Largest group first. Retry one with `POST /admin/messages/retry` and "
+        '`{"status": ["dead"], "error_type": ...}`.'
     )

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from service.api.admin.models import (
+    Activity,
+    ActivityQuery,
     ForwardInfo,
     HandlerInfo,
+    MinuteActivity,
     PruneResult,
     SourceInfo,
     SourceList,
@@ -54,6 +59,13 @@ async def stats(state: StateDep) -> Stats:
         failures_last_hour=failures,
         admin_actions_last_hour=admin_actions,
     )
+
+
+@router.get("/stats/activity", response_model=Activity)
+async def activity(state: StateDep, query: Annotated[ActivityQuery, Query()]) -> Activity:
+    """Count messages received and attempts succeeded or failed, per minute, recently."""
+    minutes = await store.activity_per_minute(state.engine, query.minutes)
+    return Activity(minutes=[MinuteActivity.model_validate(asdict(m)) for m in minutes])
 
 
 def without_password(url: str) -> str:

@@ -1,0 +1,72 @@
+"""The console's state changes, each a POST carrying the session's CSRF token, each taken
+through the admin API's route functions with a `console:` actor, so the history says where it
+came from."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import RedirectResponse, Response
+
+from service.api.admin import messages as messages_api
+from service.api.admin.models import RetryRequest, RetryResult
+from service.api.console import views
+from service.api.console.access import ActionDep, ConsoleError, Operator
+from service.api.console.pages import bulk_retry_request, load_message, message_number
+from service.api.console.templating import page
+from service.api.console.views import FILTER_KEYS, url
+from service.api.problems import ProblemError
+from service.api.state import AppState, StateDep
+
+router = APIRouter()
+
+
+async def act(state: AppState, operator: Operator, message: str, action: str) -> Response:
+    number = message_number(message)
+    result: RetryResult
+    try:
+        if action == "replay" and (await load_message(state, message)).status != "processed":
+            # A stale page's replay button: replaying means a processed message, nothing else.
+            raise ProblemError(409, f"message {number} is not processed; nothing to replay")
+        if action == "discard":
+            result = await messages_api.discard_message(state, operator.admin, number)
+        else:
+            force = RetryRequest(force=action == "replay")
+            result = await messages_api.retry_message(state, operator.admin, number, force)
+    except ProblemError as exc:  # unknown message (404), or its status forbids it (409)
+        raise ConsoleError(exc.status, f"Could not {action} message {number}", exc.detail) from None
+    return RedirectResponse(f"/console/messages/{number}?done={result.action}", status_code=303)
+
+
+@router.post("/messages/{message}/retry")
+async def retry(message: str, state: StateDep, action: ActionDep) -> Response:
+    """Give a failed or discarded message a fresh attempt budget."""
+    return await act(state, action[0], message, "retry")
+
+
+@router.post("/messages/{message}/replay")
+async def replay(message: str, state: StateDep, action: ActionDep) -> Response:
+    """Run a processed message's handlers again (asked for on the confirmation page)."""
+    return await act(state, action[0], message, "replay")
+
+
+@router.post("/messages/{message}/discard")
+async def discard(message: str, state: StateDep, action: ActionDep) -> Response:
+    """Set a message aside; its dedup row stays."""
+    return await act(state, action[0], message, "discard")
+
+
+@router.post("/bulk-retry")
+async def bulk_retry(state: StateDep, action: ActionDep) -> Response:
+    """Retry every message matching the confirmed filters."""
+    operator, form = action
+    items = views.query_items(form.fields, FILTER_KEYS)
+    result = await messages_api.bulk_retry(state, operator.admin, bulk_retry_request(items))
+    return page(
+        "bulk_done.html",
+        title="Messages retried",
+        csrf=operator.csrf,
+        nav="messages",
+        matched=result.matched,
+        retried=result.retried,
+        list_url=url("/console/messages", items),
+    )

@@ -1,0 +1,310 @@
+"""The console's pages: overview, messages, one message, dead letters, and the confirmations
+before a replay or a bulk retry.
+
+What they show comes from the admin API's own route functions (and so from the same store
+queries and documents); this module only picks what a person needs on each page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import RedirectResponse, Response
+
+from service.api.admin import messages as messages_api
+from service.api.admin import operations
+from service.api.admin.models import (
+    MAX_ID,
+    ActivityQuery,
+    BulkRetryRequest,
+    DeadLetterGroup,
+    DeadLetterQuery,
+    MessageDetail,
+    MessageFilters,
+    MessagePage,
+    MessageQuery,
+)
+from service.api.console import views
+from service.api.console.access import ConsoleError, OperatorDep
+from service.api.console.templating import fragment, page
+from service.api.console.views import FILTER_KEYS, PAGING_KEYS, url
+from service.api.problems import ProblemError
+from service.api.state import AppState, StateDep
+from service.core.schema import UNFINISHED
+from service.store import admin as store
+
+router = APIRouter()
+
+OVERVIEW_REFRESH_SECONDS = 5
+MESSAGE_REFRESH_SECONDS = 2
+DISCARDABLE = frozenset({"pending", "retrying", "dead"})
+
+# What an action did, by the action the history recorded (`?done=` after the redirect).
+NOTICES = {
+    "admin_retry": "Retried: the message is pending again with a fresh attempt budget. "
+    "This page follows it until it is finished.",
+    "admin_replay": "Replayed: the message is pending and its handlers will run again. "
+    "This page follows it until it is finished.",
+    "admin_discard": "Discarded: the message is set aside; a redelivery of it stays a duplicate.",
+    "none": "The message was already discarded; nothing changed.",
+}
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    name: str
+    kind: str  # "" for a source no longer configured
+    counts: dict[str, int]
+    oldest_unfinished_seconds: float | None
+
+
+async def overview_context(state: AppState) -> dict[str, Any]:
+    stats = await operations.stats(state)
+    activity = await operations.activity(state, ActivityQuery())
+    configured = {s.name: s.kind for s in (await operations.sources(state)).sources}
+    counted = {s.source: s for s in stats.sources}
+    rows = [
+        SourceRow(
+            name,
+            configured.get(name, ""),
+            counted[name].counts if name in counted else {},
+            counted[name].oldest_pending_age_seconds if name in counted else None,
+        )
+        for name in sorted(configured.keys() | counted.keys())
+    ]
+    return {
+        "stats": stats,
+        "backlog": sum(stats.by_status.get(s, 0) for s in UNFINISHED),
+        "chart": views.chart(activity.minutes),
+        "sources": rows,
+        "statuses": store.STATUSES,
+        "now": datetime.now(UTC),
+        "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
+    }
+
+
+@router.get("/")
+async def overview(state: StateDep, operator: OperatorDep) -> Response:
+    """The inbox at a glance: dead letters, the backlog, the last hour, each source."""
+    context = await overview_context(state)
+    return page("overview.html", title="Overview", csrf=operator.csrf, nav="overview", **context)
+
+
+@router.get("/overview/live")
+async def overview_live(state: StateDep, operator: OperatorDep) -> Response:
+    """The overview's figures again, for its script to swap in."""
+    return fragment("overview_live.html", **await overview_context(state))
+
+
+def cleaned(request: Request, keys: tuple[str, ...]) -> tuple[list[tuple[str, str]], bool]:
+    """The URL's known, non-blank parameters, and whether that is all it had: a filter form
+    sends its empty fields too, and the shared link should not carry them."""
+    pairs = request.query_params.multi_items()
+    items = views.query_items(pairs, keys)
+    return items, items == pairs
+
+
+async def source_names(state: AppState) -> list[str]:
+    return [s.name for s in (await operations.sources(state)).sources]
+
+
+@router.get("/messages")
+async def messages(request: Request, state: StateDep, operator: OperatorDep) -> Response:
+    """The messages, newest first, filtered as the URL says, a page at a time."""
+    items, clean = cleaned(request, FILTER_KEYS + PAGING_KEYS)
+    if not clean:
+        return RedirectResponse(url("/console/messages", items), status_code=303)
+    query, problems = views.parse_query(MessageQuery, items)
+    listing = None
+    if query is not None:
+        try:
+            listing = await messages_api.list_messages(state, query)
+        except ProblemError as exc:  # an altered or stale cursor
+            problems = [exc.detail]
+    filters = [(k, v) for k, v in items if k in FILTER_KEYS]
+    return page(
+        "messages.html",
+        title="Messages",
+        csrf=operator.csrf,
+        nav="messages",
+        listing=listing,
+        problems=problems,
+        paging=paging("/console/messages", filters, items, listing),
+        form=dict(filters),
+        chosen_statuses={v for k, v in filters if k == "status"},
+        statuses=store.STATUSES,
+        sources=await source_names(state),
+        bulk_url=url("/console/bulk-retry", filters),
+    )
+
+
+@dataclass(frozen=True)
+class Paging:
+    next_url: str | None  # the next, older page
+    first_url: str | None  # back to the newest, when this is not the first page
+
+
+def paging(
+    path: str,
+    filters: list[tuple[str, str]],
+    items: list[tuple[str, str]],
+    listing: MessagePage | None,
+) -> Paging:
+    """Links to the next page and back to the first, keeping the filters."""
+    limit = [(k, v) for k, v in items if k == "limit"]
+    next_url = None
+    if listing is not None and listing.next_cursor is not None:
+        next_url = url(path, [*filters, ("cursor", listing.next_cursor), *limit])
+    paged = any(k == "cursor" for k, _ in items)
+    return Paging(next_url, url(path, [*filters, *limit]) if paged else None)
+
+
+def message_number(text: str) -> int:
+    if text.isascii() and text.isdigit() and len(text) <= 19 and 1 <= int(text) <= MAX_ID:
+        return int(text)
+    raise ConsoleError(404, "No such message", "there is no message with that number")
+
+
+async def load_message(state: AppState, text: str) -> MessageDetail:
+    try:
+        return await messages_api.get_message(state, message_number(text))
+    except ProblemError as exc:
+        raise ConsoleError(exc.status, "No such message", exc.detail) from None
+
+
+def message_state(message: MessageDetail, csrf: str) -> dict[str, Any]:
+    """What the refreshed part of a message's page needs: its summary, actions and history."""
+    unfinished = message.status in UNFINISHED
+    return {
+        "m": message,
+        "csrf": csrf,
+        "can_retry": message.status in store.RETRYABLE,
+        "can_replay": message.status == "processed",
+        "can_discard": message.status in DISCARDABLE,
+        "refresh_seconds": MESSAGE_REFRESH_SECONDS if unfinished else None,
+    }
+
+
+@router.get("/messages/{message}")
+async def message(
+    message: str, state: StateDep, operator: OperatorDep, done: str | None = None
+) -> Response:
+    """One message: its state and actions, every attempt, its headers and body."""
+    detail = await load_message(state, message)
+    return page(
+        "message.html",
+        title=f"Message {detail.id}",
+        nav="messages",
+        notice=NOTICES.get(done or ""),
+        body=views.body(detail),
+        headers=views.header_rows(detail.headers),
+        **message_state(detail, operator.csrf),
+    )
+
+
+@router.get("/messages/{message}/live")
+async def message_live(message: str, state: StateDep, operator: OperatorDep) -> Response:
+    """A message's state, actions and history again, while it is being processed."""
+    detail = await load_message(state, message)
+    return fragment("message_live.html", **message_state(detail, operator.csrf))
+
+
+@router.get("/messages/{message}/replay")
+async def confirm_replay(message: str, state: StateDep, operator: OperatorDep) -> Response:
+    """Ask before replaying: the handlers of a processed message run again."""
+    detail = await load_message(state, message)
+    if detail.status != "processed":
+        raise ConsoleError(
+            409,
+            "Nothing to replay",
+            f"message {detail.id} is {detail.status}; only a processed message is replayed "
+            "(a failed one is retried)",
+        )
+    return page("replay.html", title=f"Replay message {detail.id}", csrf=operator.csrf, m=detail)
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    group: DeadLetterGroup
+    show_url: str | None  # its messages; None for the group with no error type on record
+    retry_url: str | None  # the bulk retry of the group, which asks first
+
+
+def group_row(group: DeadLetterGroup, filters: list[tuple[str, str]]) -> GroupRow:
+    if group.error_type is None:
+        return GroupRow(group, None, None)
+    narrowed = [*filters, ("error_type", group.error_type)]
+    return GroupRow(
+        group,
+        url("/console/dead-letters", narrowed),
+        url("/console/bulk-retry", [("status", "dead"), *narrowed]),
+    )
+
+
+@router.get("/dead-letters")
+async def dead_letters(request: Request, state: StateDep, operator: OperatorDep) -> Response:
+    """Dead messages grouped by error type, each group retried at once, and their list."""
+    keys = tuple(k for k in FILTER_KEYS if k != "status")
+    items, clean = cleaned(request, keys + PAGING_KEYS)
+    if not clean:
+        return RedirectResponse(url("/console/dead-letters", items), status_code=303)
+    query, problems = views.parse_query(DeadLetterQuery, items)
+    listing, groups = None, []
+    if query is not None:
+        filters_only = MessageFilters.model_validate(
+            query.model_dump(include=set(MessageFilters.model_fields))
+        )
+        groups = (await messages_api.dead_letter_groups(state, filters_only)).groups
+        try:
+            listing = await messages_api.list_dead_letters(state, query)
+        except ProblemError as exc:
+            problems = [exc.detail]
+    filters = [(k, v) for k, v in items if k in keys]
+    others = [(k, v) for k, v in filters if k != "error_type"]
+    return page(
+        "dead_letters.html",
+        title="Dead letters",
+        csrf=operator.csrf,
+        nav="dead-letters",
+        listing=listing,
+        problems=problems,
+        groups=[group_row(group, others) for group in groups],
+        paging=paging("/console/dead-letters", filters, items, listing),
+        form=dict(filters),
+        sources=await source_names(state),
+        all_url=url("/console/dead-letters", others) if len(others) < len(filters) else None,
+    )
+
+
+def bulk_retry_request(items: views.QueryItems) -> BulkRetryRequest:
+    """The admin API's bulk retry request for these filters (from a URL or a form)."""
+    retry, problems = views.parse_query(BulkRetryRequest, items)
+    if retry is None:
+        raise ConsoleError(400, "Unusable filters", "; ".join(problems))
+    return retry
+
+
+@router.get("/bulk-retry")
+async def confirm_bulk_retry(request: Request, state: StateDep, operator: OperatorDep) -> Response:
+    """Count what a bulk retry of these filters would touch (the API's dry run), and ask."""
+    items = views.query_items(request.query_params.multi_items(), FILTER_KEYS)
+    retry = bulk_retry_request(items)
+    counted = await messages_api.bulk_retry(
+        state, operator.admin, retry.model_copy(update={"dry_run": True})
+    )
+    asked: list[str] = [*retry.status] or [*store.BULK_DEFAULT_STATUSES]
+    statuses = store.bulk_statuses(messages_api.to_filter(retry, list(retry.status)), force=False)
+    return page(
+        "bulk_retry.html",
+        title="Retry matching messages",
+        csrf=operator.csrf,
+        nav="messages",
+        matched=counted.matched,
+        statuses=statuses,
+        left_out=[s for s in asked if s not in statuses],
+        filters=items,
+        back_url=url("/console/messages", items),
+    )
