@@ -164,9 +164,7 @@ class GroupCommitter:
         if self._held + len(messages) > self.max_queued:
             # Backpressure: a database that cannot keep up gets 503s, not an unbounded queue.
             raise StoreOverloaded("too many deliveries waiting for the database")
-        entry = _Entry(
-            source, messages, json.dumps(dict(headers)), body, content_type, processed
-        )
+        entry = _Entry(source, messages, json.dumps(dict(headers)), body, content_type, processed)
         self._pending.append(entry)
         self._held += len(messages)
         self._wakeup.set()
