@@ -13,8 +13,18 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 CONFIG: dict[str, Any] = {
     "sources": {
-        "hooks": {"kind": "generic", "id_header": "X-Message-Id", "event_type_header": "X-Type"},
-        "other": {"kind": "generic", "id_header": "X-Message-Id"},
+        # Handlers (no worker runs them here) keep ingested messages pending for the admin.
+        "hooks": {
+            "kind": "generic",
+            "id_header": "X-Message-Id",
+            "event_type_header": "X-Type",
+            "handlers": ["tests.handlers:record"],
+        },
+        "other": {
+            "kind": "generic",
+            "id_header": "X-Message-Id",
+            "handlers": ["tests.handlers:record"],
+        },
     }
 }
 

@@ -13,7 +13,16 @@ from service.core.metrics import Metrics
 from tests.admin_seed import seed
 from tests.conftest import AppFactory
 
-CONFIG = {"sources": {"hooks": {"kind": "generic", "id_header": "X-Message-Id"}}}
+# A handler (no worker runs here) keeps accepted messages pending, as the backlog gauges expect.
+CONFIG = {
+    "sources": {
+        "hooks": {
+            "kind": "generic",
+            "id_header": "X-Message-Id",
+            "handlers": ["tests.handlers:record"],
+        }
+    }
+}
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

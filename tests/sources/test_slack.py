@@ -185,7 +185,7 @@ REJECTIONS = {
         "too old",
     ),
     "future timestamp": (
-        lambda: signed(callback(), timestamp=int(time.time()) + 301),
+        lambda: signed(callback(), timestamp=int(time.time()) + 360),
         401,
         "in the future",
     ),

@@ -167,7 +167,7 @@ REJECTIONS = {
         "too old",
     ),
     "future timestamp": (
-        lambda: (event(), generate_header(event(), timestamp=int(time.time()) + 301)),
+        lambda: (event(), generate_header(event(), timestamp=int(time.time()) + 360)),
         401,
         "in the future",
     ),
