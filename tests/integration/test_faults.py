@@ -1,4 +1,4 @@
-"""Faults on the ingest path: the database going away and coming back, a restarted service."""
+"""Faults on the ingest path: the database going away and coming back."""
 
 from __future__ import annotations
 
@@ -6,15 +6,13 @@ import asyncio
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from service.core.db import create_engine
 from service.core.migrations import upgrade
 from service.core.settings import Settings
-from tests.conftest import AppFactory, running
+from tests.conftest import running
 from tests.pg import EmbeddedServer
-from tests.server import ServerProcess
 
 CONFIG = {"sources": {"s": {"kind": "generic", "id_header": "x-id"}}}
 
@@ -72,21 +70,3 @@ async def test_database_down_is_503_with_retry_after_then_recovers(
         again = await client.post("/webhooks/s", content=b"a", headers={"x-id": "before"})
         assert again.json()["status"] == "duplicate"
         assert (await client.get("/readyz")).status_code == 200
-
-
-async def test_restarted_service_keeps_dedup_state(
-    database_url: str,
-    tmp_path,
-    client_for: AppFactory,  # type: ignore[no-untyped-def]
-) -> None:
-    config = tmp_path / "inbox.toml"
-    config.write_text('[sources.s]\nkind = "generic"\nid_header = "x-id"\n')
-    env = {"DATABASE_URL": database_url, "INBOX_CONFIG": str(config)}
-    with ServerProcess(env, tmp_path) as server:
-        first = httpx.post(f"{server.url}/webhooks/s", content=b"a", headers={"x-id": "keep"})
-        assert first.json()["status"] == "accepted"
-        server.kill()
-    with ServerProcess(env, tmp_path) as server:
-        second = httpx.post(f"{server.url}/webhooks/s", content=b"a", headers={"x-id": "keep"})
-    assert second.status_code == 200
-    assert second.json() == {"status": "duplicate", "message_id": "keep"}

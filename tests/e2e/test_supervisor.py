@@ -1,4 +1,4 @@
-"""The `serve` supervisor on its own: restarts with backoff, exit statuses, drain, readiness."""
+"""The `serve` supervisor with real child processes: restarts with backoff, exit statuses, drain."""
 
 from __future__ import annotations
 
@@ -10,25 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from service.app import create_app
-from service.core.settings import Settings
-from service.sources.config_file import parse_inbox_config
-from service.supervisor import Role, Supervisor, describe_exit, restart_delay
-from tests.conftest import running
+from service.supervisor import Role, Supervisor
 
 DIES_YOUNG = [sys.executable, "-c", "import sys, time; time.sleep(0.1); sys.exit(3)"]
 STEADY = [sys.executable, "-c", "import time; time.sleep(60)"]
-
-
-def test_restart_delay_doubles_to_its_cap() -> None:
-    assert [restart_delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
-    assert restart_delay(50) == 30.0
-
-
-def test_exit_statuses_read_as_people_say_them() -> None:
-    assert describe_exit(1) == "exit code 1"
-    assert describe_exit(-9) == "killed by SIGKILL"
-    assert describe_exit(-11) == "killed by SIGSEGV"
 
 
 def test_a_child_that_keeps_dying_is_restarted_later_each_time_and_the_rest_drain(
@@ -62,22 +47,3 @@ def test_a_child_that_keeps_dying_is_restarted_later_each_time_and_the_rest_drai
     for child in supervisor.children:
         assert child.process is not None
         assert child.process.poll() is not None
-
-
-async def test_readyz_is_not_ready_while_no_processing_process_is_alive(
-    database_url: str, tmp_path: Path
-) -> None:
-    state = tmp_path / "children.json"
-    settings = Settings(database_url=database_url, data_dir=tmp_path / "data")
-    app = create_app(settings, parse_inbox_config({}), processing_state=state)
-    async with running(app) as client:
-        state.write_text(json.dumps({"processing_expected": 1, "processing_alive": 0}))
-        down = await client.get("/readyz")
-        assert down.status_code == 503
-        assert down.headers["retry-after"] == "5"
-        assert "no processing process is alive" in down.json()["detail"]
-        state.write_text(json.dumps({"processing_expected": 1, "processing_alive": 1}))
-        assert (await client.get("/readyz")).status_code == 200
-        # `serve --no-worker`: none expected, so none missing.
-        state.write_text(json.dumps({"processing_expected": 0, "processing_alive": 0}))
-        assert (await client.get("/readyz")).status_code == 200

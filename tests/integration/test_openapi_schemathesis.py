@@ -1,10 +1,10 @@
 """Property-based run of the rest of the OpenAPI (ingest, health, metrics): no 5xx, as documented.
 
-Complements tests/test_admin_schemathesis.py (the admin API) so that every operation of the
-schema is exercised (issue 6 item 5). Guards the ingest path's error handling: any body,
-header or content type a sender can produce is answered with a documented status, body and
-content type, never a 5xx (a crash in a verifier or id extractor would be one). The database
-is up throughout, so the documented 503 must not appear either.
+Complements tests/integration/test_admin_schemathesis.py (the admin API) so that every
+operation of the schema is exercised (issue 6 item 5). Guards the ingest path's error handling:
+any body, header or content type a sender can produce is answered with a documented status,
+body and content type, never a 5xx (a crash in a verifier or id extractor would be one). The
+database is up throughout, so the documented 503 must not appear either.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def expected_statuses(method: str, path: str, source_configured: bool) -> set[in
 # that pytest 9 removed, so each operation's strategy is driven with @given directly.
 # Positive mode only: these operations constrain nothing a sender could violate (any bytes
 # of any content type, a string path segment, no parameters), so negative mode has no case
-# to generate; arbitrary headers and bodies are the subject of tests/test_hostile_input.py.
+# to generate; arbitrary headers and bodies are the subject of tests/unit/test_hostile_input.py.
 def test_ingest_health_and_metrics_conform_to_their_schema(api: Any) -> None:
     mode = GenerationMode.POSITIVE
     operations = [

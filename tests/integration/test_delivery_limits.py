@@ -132,7 +132,7 @@ async def test_headers_over_the_limits_are_431_naming_the_header(
 async def test_header_values_the_wire_would_refuse_are_400_when_they_reach_the_app(
     client: httpx.AsyncClient, db: asyncpg.Connection, headers: dict[str, bytes], detail: str
 ) -> None:
-    # A real HTTP server refuses most of these itself (tests/test_hostile_http.py); the app
+    # A real HTTP server refuses most of these itself (tests/e2e/test_hostile_http.py); the app
     # refuses them too, whatever server or proxy is in front of it.
     sent = {"x-id": b"h", "x-event-type": b"t", **headers}
     response = await client.post(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "service"
+PACKAGE = Path(__file__).resolve().parents[2] / "service"
 
 # Bottom to top. A module may import its own layer and the ones below it, never above.
 LAYERS = [

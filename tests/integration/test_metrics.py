@@ -1,17 +1,14 @@
-"""`/metrics` exposes the listed series; admin cursors round-trip and refuse forgeries."""
+"""`/metrics` on a real database: the listed series, counted per app."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import asyncpg
-import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from service.api.admin.cursor import CursorError, Position, cursor_key, decode_cursor, encode_cursor
-from service.core.metrics import Metrics
 from tests.admin_seed import seed
 from tests.conftest import AppFactory
+from tests.prometheus_text import samples
 
 # A handler (no worker runs here) keeps accepted messages pending, as the backlog gauges expect.
 CONFIG = {
@@ -23,14 +20,6 @@ CONFIG = {
         }
     }
 }
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
 
 
 async def test_metrics_expose_deliveries_latency_statuses_and_backlog(
@@ -78,57 +67,3 @@ async def test_each_app_counts_on_its_own(client_for: AppFactory) -> None:
     async with client_for(CONFIG) as client:
         text = (await client.get("/metrics")).text
     assert 'reason="unknown_source"' not in text
-
-
-def test_worker_hooks_record_attempts_and_durations() -> None:
-    metrics = Metrics()
-    metrics.attempt_finished("hooks", "retrying", 0.2)
-    metrics.attempt_finished("hooks", "processed", 0.1)
-    found = samples(metrics.render().decode())
-    assert (
-        found[("webhook_inbox_attempts_total", (("outcome", "retrying"), ("source", "hooks")))] == 1
-    )
-    assert found[("webhook_inbox_handler_duration_seconds_count", (("source", "hooks"),))] == 2
-
-
-KEY = cursor_key(["token-a", "token-b"])
-POSITION = Position(datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), 42)
-
-
-def test_cursor_round_trips_to_the_microsecond() -> None:
-    cursor = encode_cursor(KEY, "scope", POSITION)
-    assert decode_cursor(KEY, "scope", cursor) == POSITION
-    assert "42" not in cursor  # opaque: base64, not the raw position
-
-
-def test_cursor_key_depends_on_the_tokens_not_their_order() -> None:
-    assert cursor_key(["token-b", "token-a"]) == KEY
-    assert cursor_key(["token-a"]) != KEY
-
-
-@pytest.mark.parametrize(
-    "mutate",
-    [
-        lambda c: c[:-2] + ("AA" if not c.endswith("AA") else "BB"),
-        lambda c: c.split(".")[0],
-        lambda c: "",
-        lambda c: "." + c,
-        lambda c: c.replace(".", ".."),
-        lambda c: "%%%." + c.split(".")[1],
-    ],
-)
-def test_altered_cursors_are_refused(mutate: object) -> None:
-    cursor = encode_cursor(KEY, "scope", POSITION)
-    with pytest.raises(CursorError):
-        decode_cursor(KEY, "scope", mutate(cursor))  # type: ignore[operator]
-
-
-def test_cursor_is_bound_to_its_scope_and_key() -> None:
-    cursor = encode_cursor(KEY, "scope", POSITION)
-    with pytest.raises(CursorError):
-        decode_cursor(KEY, "other-scope", cursor)
-    with pytest.raises(CursorError):
-        decode_cursor(cursor_key(["token-c"]), "scope", cursor)
-    forged = encode_cursor(cursor_key(["guess"]), "scope", Position(POSITION.received_at, 1))
-    with pytest.raises(CursorError):
-        decode_cursor(KEY, "scope", forged)
