@@ -1,41 +1,14 @@
-"""`dapr` kind: the sidecar's CloudEvents envelope, SUCCESS for new and duplicate, DROP for junk."""
+"""The dapr kind over HTTP on a real database: SUCCESS for new and duplicate, DROP for junk,
+the problem when configured to reject."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import asyncpg
 
 from tests.conftest import AppFactory
-
-APP_TOKEN = "dapr-app-token-0123456789"
-CONFIG: dict[str, Any] = {
-    "sources": {
-        "orders": {"kind": "dapr", "app_api_token": APP_TOKEN},
-        "strict": {"kind": "dapr", "on_malformed": "reject"},
-    }
-}
-HEADERS = {"content-type": "application/cloudevents+json", "dapr-api-token": APP_TOKEN}
-
-
-def envelope(event_id: str = "5929aaac-a5e2-4ca1-859c-edfe73f11565", **changes: Any) -> bytes:
-    """The shape of an envelope the sidecar posts (docs.dapr.io, pub/sub CloudEvents)."""
-    body: dict[str, Any] = {
-        "specversion": "1.0",
-        "type": "com.dapr.event.sent",
-        "source": "checkout",
-        "id": event_id,
-        "datacontenttype": "application/json",
-        "data": {"orderId": 100},
-        "topic": "orders",
-        "pubsubname": "order-pub-sub",
-        "traceid": "00-113ad9c4e42b27583ae98ba698d54255-e3743e35ff56f219-01",
-        "traceparent": "00-113ad9c4e42b27583ae98ba698d54255-e3743e35ff56f219-01",
-        "tracestate": "",
-    }
-    body.update(changes)
-    return json.dumps({k: v for k, v in body.items() if v is not None}).encode()
+from tests.senders.dapr import CONFIG, HEADERS, envelope
 
 
 async def count(db: asyncpg.Connection) -> int:
@@ -57,35 +30,6 @@ async def test_accepted_and_duplicate_both_answer_success(
     assert row["message_id"] == '["checkout","5929aaac-a5e2-4ca1-859c-edfe73f11565"]'
     assert row["event_type"] == "com.dapr.event.sent"
     assert row["receive_count"] == 2
-
-
-async def test_plain_json_content_type_is_read_as_the_envelope(
-    client_for: AppFactory, db: asyncpg.Connection
-) -> None:
-    headers = {**HEADERS, "content-type": "application/json"}
-    async with client_for(CONFIG) as client:
-        response = await client.post("/webhooks/orders", content=envelope("j1"), headers=headers)
-    assert response.json()["status"] == "SUCCESS"
-    assert await count(db) == 1
-
-
-async def test_wrong_or_missing_app_token_is_401_so_dapr_retries(
-    client_for: AppFactory, db: asyncpg.Connection
-) -> None:
-    async with client_for(CONFIG) as client:
-        wrong = await client.post(
-            "/webhooks/orders",
-            content=envelope(),
-            headers={**HEADERS, "dapr-api-token": "not-the-token-000"},
-        )
-        missing = await client.post(
-            "/webhooks/orders",
-            content=envelope(),
-            headers={"content-type": "application/cloudevents+json"},
-        )
-    assert wrong.status_code == missing.status_code == 401
-    assert wrong.headers["content-type"] == "application/problem+json"
-    assert await count(db) == 0
 
 
 async def test_missing_id_or_malformed_body_is_dropped_and_not_recorded(
