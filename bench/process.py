@@ -25,11 +25,11 @@ import asyncpg
 import psutil
 
 from bench.handlers import EFFECTS_DDL
-from bench.ingest import RESULTS_DIR, console_script
 from bench.load import BODY_TEMPLATE
 from bench.pg import BenchPostgres
 from bench.profile import analyse, find_py_spy
-from bench.servers import MemorySampler, Server
+from bench.servers import MemorySampler, Server, process_tree, tree_cpu_seconds
+from bench.systems import RESULTS_DIR, console_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -382,20 +382,6 @@ class BacklogSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def process_tree(pid: int) -> list[psutil.Process]:
-    """`serve`'s supervisor and every child it runs (HTTP and processing)."""
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def tree_cpu_seconds(processes: list[psutil.Process]) -> float:
-    total = 0.0
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            total += sum(process.cpu_times()[:2])
-    return total
 
 
 def run_latency(

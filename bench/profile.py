@@ -16,10 +16,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.ingest import RESULTS_DIR, build_processes
 from bench.load import run_wrk, write_requests
 from bench.pg import BenchPostgres
 from bench.servers import Server
+from bench.systems import RESULTS_DIR, build_processes
 
 # "function (path/to/file.py:line)" as py-spy writes a frame with --function.
 FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:()]+)(?::\d+)?\)$")
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, wrk: str) -> None:
                     work / "req", f"prof-{target.name}", per_thread, args.threads, key
                 )
                 out = RESULTS_DIR / f"profile-{stamp}-{target.name}.txt"
-                record = ["record", "--pid", str(srv.pid), "--function", "--nonblocking"]
+                record = ["record", "--pid", str(srv.http_pid), "--function", "--nonblocking"]
                 output = ["--duration", str(int(args.duration)), "--format", "raw", "-o", str(out)]
                 spy = subprocess.Popen(
                     [py_spy, *record, *output],

@@ -7,7 +7,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.ingest import Cell, Process
+    from bench.systems import Cell, Process
 
 MIB = 1024 * 1024
 SERVICE_TARGETS = ("generic", "generic-serve", "standard-webhooks")

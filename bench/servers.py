@@ -23,8 +23,31 @@ def free_port() -> int:
         return port
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants: `serve`'s supervisor, HTTP and processing children."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def tree_cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            total += sum(process.cpu_times()[:2])
+    return total
+
+
+def tree_rss_bytes(processes: list[psutil.Process]) -> int:
+    total = 0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            total += process.memory_info().rss
+    return total
+
+
 class MemorySampler:
-    """Peak RSS of one process, sampled in a thread every `interval` seconds."""
+    """Peak RSS of the largest process in a process tree, sampled every `interval` seconds
+    (under `serve` the supervisor does no request work: its children are what counts)."""
 
     def __init__(self, pid: int, interval: float = 0.1) -> None:
         self.process = psutil.Process(pid)
@@ -43,7 +66,9 @@ class MemorySampler:
 
     def sample(self) -> None:
         with contextlib.suppress(psutil.Error):
-            self.peak = max(self.peak, self.process.memory_info().rss)
+            for process in [self.process, *self.process.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    self.peak = max(self.peak, process.memory_info().rss)
 
     def stop(self) -> int:
         self._stop.set()
@@ -92,6 +117,15 @@ class Server:
     def pid(self) -> int:
         assert self.process is not None
         return self.process.pid
+
+    @property
+    def http_pid(self) -> int:
+        """The process that serves requests: under `serve`, its (first) HTTP child."""
+        for process in process_tree(self.pid)[1:]:
+            with contextlib.suppress(psutil.Error):
+                if "service.serve" in process.cmdline():
+                    return process.pid
+        return self.pid
 
     def __exit__(
         self,

@@ -25,10 +25,10 @@ import httpx
 import psutil
 
 from bench.handlers import EFFECTS_DDL
-from bench.ingest import RESULTS_DIR, console_script
 from bench.load import BODY_TEMPLATE
 from bench.pg import BenchPostgres
-from bench.servers import Server
+from bench.servers import Server, process_tree, tree_rss_bytes
+from bench.systems import RESULTS_DIR, console_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,8 @@ SELECT 'soak', $1 || g, 'processed', 1, now() - interval '40 days', now() - inte
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/soak",
-        description="Mixed work against one `webhook-inbox serve` (worker in-process): ingest "
+        description="Mixed work against one `webhook-inbox serve` (its HTTP and processing "
+        "processes; RSS and CPU summed over them): ingest "
         "with duplicates, failing handlers, admin queries and bulk retries, pruning. Reports "
         "errors, per-minute throughput and RSS, and checks exactly-once at the end.",
     )
@@ -223,8 +224,16 @@ async def final_checks(url: str, acked: set[str], two_xx: int) -> dict[str, Any]
     return facts
 
 
-def rss_mb(process: psutil.Process) -> float:
-    return round(process.memory_info().rss / 2**20, 1)
+def rss_mb(processes: list[psutil.Process]) -> float:
+    return round(tree_rss_bytes(processes) / 2**20, 1)
+
+
+def cpu_percent(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            total += process.cpu_percent()
+    return round(total, 1)
 
 
 async def soak(
@@ -238,9 +247,9 @@ async def soak(
     command = [*console_script("webhook-inbox"), "serve", "--no-migrate"]
     seconds = args.minutes * 60
     with Server("service", command, env, work / "serve.log") as srv:
-        process = psutil.Process(srv.pid)
-        rss_boot = rss_mb(process)
-        process.cpu_percent()  # the first call only starts the measurement
+        processes = process_tree(srv.pid)
+        rss_boot = rss_mb(processes)
+        cpu_percent(processes)  # the first call only starts the measurement
         generator = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -279,7 +288,7 @@ async def soak(
         while True:
             await asyncio.sleep(max(0.0, min(next_sample, started + 10) - time.monotonic()))
             if rss_start is None and time.monotonic() >= started + 10:
-                rss_start = rss_mb(process)
+                rss_start = rss_mb(processes)
                 continue
             if time.monotonic() < next_sample:
                 continue
@@ -289,8 +298,8 @@ async def soak(
                     "minute": len(samples) + 1,
                     "processed": counts.get("processed", 0) - previous.get("processed", 0),
                     "dead_total": counts.get("dead", 0),
-                    "rss_mb": rss_mb(process),
-                    "cpu_percent": process.cpu_percent(),
+                    "rss_mb": rss_mb(processes),
+                    "cpu_percent": cpu_percent(processes),
                 }
             )
             previous = counts
@@ -303,7 +312,7 @@ async def soak(
         stop.set()
         await admin_task
         settled = await settle(url, timeout=120)
-        rss_end = rss_mb(process)
+        rss_end = rss_mb(processes)
         acked = set((work / "acked.txt").read_text().split())
         checks = await final_checks(url, acked, load["acked"])
         counts = await processed_count(url)

@@ -4,7 +4,7 @@ Handlers import their API from here: `InboxMessage`, `HandlerContext`, `Permanen
 `RetryLater`.
 """
 
-from service.processing.api import (
+from service.processing.handler_api import (
     HandlerCommitError,
     HandlerContext,
     InboxMessage,

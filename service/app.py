@@ -12,17 +12,17 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from service.api import admin, console, health, ingest, metrics
-from service.core.config import Settings
-from service.core.cursor import cursor_key
+from service.api.admin.cursor import cursor_key
+from service.api.problems import install_problem_handlers, unavailable
+from service.api.request_id import RequestIdMiddleware
+from service.api.security import ensure_admin_tokens
+from service.api.state import AppState
 from service.core.db import create_engine, database_url
 from service.core.metrics import Metrics
 from service.core.migrations import head_revision
-from service.core.problems import install_problem_handlers, unavailable
-from service.core.request_id import RequestIdMiddleware
-from service.core.security import ensure_admin_tokens
-from service.core.state import AppState
-from service.inbox_config import InboxConfig, load_inbox_config
+from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
+from service.sources.config_file import InboxConfig, load_inbox_config
 from service.store.errors import StoreUnavailable
 from service.store.group_commit import GroupCommitter
 

@@ -13,17 +13,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.core.config import (
-    ConfigError,
-    Settings,
-    format_validation_error,
-)
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
 from service.core.metrics import Metrics
-from service.inbox_config import InboxConfig, load_inbox_config
+from service.core.settings import ConfigError, Settings, format_validation_error
 from service.processing.pipeline import Pipeline, resolve_pipelines
-from service.retention import PruneReport, prune
+from service.sources.config_file import InboxConfig, load_inbox_config
+from service.worker.retention import PruneReport, prune
 
 log = logging.getLogger("service.cli")
 
@@ -137,7 +133,7 @@ def positive(value: str) -> int:
 def load(
     settings_only: bool = False, role: str = "cli", **overrides: Any
 ) -> tuple[Settings, InboxConfig, dict[str, Pipeline]]:
-    """Settings, sources and their imported handlers, or exit 2 with one line naming the fault.
+    """Settings, sources and their imported handlers, or exit 1 with one line naming the fault.
 
     `role` is stamped on every log line of this process (supervisor, http, processing, cli).
     """

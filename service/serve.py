@@ -21,12 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from service.core.config import MAX_REQUEST_HEAD_BYTES, Settings
+from service.api.head_limits import MAX_REQUEST_HEAD_BYTES
+from service.api.security import ensure_admin_tokens
 from service.core.db import EmbeddedPostgres, create_engine, describe_url
 from service.core.metrics import MULTIPROCESS_ENV
 from service.core.migrations import upgrade
-from service.core.security import ensure_admin_tokens
-from service.inbox_config import InboxConfig
+from service.core.settings import Settings
+from service.sources.config_file import InboxConfig
 from service.supervisor import Role, Supervisor
 
 log = logging.getLogger("service.serve")
@@ -128,7 +129,7 @@ def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> N
 def http_protocol() -> Any:
     """uvicorn's HTTP implementation: httptools (faster) with our head bound, else h11."""
     try:
-        from service.core.http_protocol import BoundedHttpToolsProtocol
+        from service.api.http_protocol import BoundedHttpToolsProtocol
     except ImportError:  # httptools is not installed
         return "h11"
     return BoundedHttpToolsProtocol
@@ -141,7 +142,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "timeout_keep_alive": 5,
         # Requests in progress at once; beyond it, 503 with Retry-After. At this many open
         # connections, the one waiting longest for a request is closed to make room, so idle
-        # sockets never refuse a sender (service/core/http_protocol.py; h11 counts them all).
+        # sockets never refuse a sender (service/api/http_protocol.py; h11 counts them all).
         "limit_concurrency": settings.max_connections,
         # Request heads larger than this are refused: by h11 itself, or by our subclass of
         # the httptools protocol, since httptools has no bound of its own (431, then close);

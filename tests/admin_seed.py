@@ -1,4 +1,4 @@
-"""Arranging inbox rows directly in SQL, for admin and retention tests."""
+"""The admin tests' token, routes and sources, and arranging inbox rows directly in SQL."""
 
 from __future__ import annotations
 
@@ -10,6 +10,21 @@ import asyncpg
 
 TOKEN = "admin-token-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+# Every admin route, with 1 standing for a message id.
+ADMIN_ROUTES = [
+    ("GET", "/admin/messages"),
+    ("GET", "/admin/messages/1"),
+    ("POST", "/admin/messages/1/retry"),
+    ("POST", "/admin/messages/retry"),
+    ("POST", "/admin/messages/1/discard"),
+    ("GET", "/admin/dead-letters"),
+    ("GET", "/admin/dead-letters/groups"),
+    ("GET", "/admin/stats"),
+    ("GET", "/admin/stats/activity"),
+    ("GET", "/admin/sources"),
+    ("POST", "/admin/prune"),
+]
 
 CONFIG: dict[str, Any] = {
     "sources": {

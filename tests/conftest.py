@@ -15,12 +15,12 @@ import pytest
 from fastapi import FastAPI
 
 from service.app import create_app
-from service.core.config import Settings
-from service.core.db import create_engine
+from service.core.db import asyncpg_dsn, create_engine
 from service.core.migrations import upgrade
-from service.inbox_config import parse_inbox_config
+from service.core.settings import Settings
+from service.sources.config_file import parse_inbox_config
 from service.worker import run_worker
-from tests.pg import asyncpg_dsn, create_database, drop_database, postgres_server, with_database
+from tests.pg import create_database, drop_database, postgres_server, with_database
 
 
 @pytest.fixture(scope="session")

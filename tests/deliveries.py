@@ -7,7 +7,6 @@ type from a different place (a header, a body field, an attribute, a percent-enc
 from __future__ import annotations
 
 import base64
-import datetime
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,14 +17,12 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.x509.oid import NameOID
 
 from service.app import create_app
-from service.core.config import Settings
-from service.inbox_config import InboxConfig, parse_inbox_config
+from service.core.settings import Settings
+from service.sources.config_file import InboxConfig, parse_inbox_config
 from service.sources.github import github_signature
 from service.sources.shopify import shopify_signature
 from service.sources.slack import slack_signature
@@ -33,6 +30,7 @@ from service.sources.sns import SnsSource, string_to_sign
 from service.sources.standard_webhooks import decode_secret, sign
 from service.sources.stripe import stripe_signature_header
 from tests.conftest import running
+from tests.senders.sns import self_signed
 
 SECRET = "whsec_" + base64.b64encode(b"deliveries-of-every-kind-key-32b").decode()
 KEY = SECRET.encode()
@@ -181,19 +179,7 @@ class SnsSigner:
 
     def __init__(self) -> None:
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
-        now = datetime.datetime.now(datetime.UTC)
-        self.pem = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=30))
-            .sign(self.key, hashes.SHA256())
-            .public_bytes(serialization.Encoding.PEM)
-        )
+        self.pem = self_signed(self.key)
 
     async def certificate_pem(self, url: str) -> bytes:
         return self.pem

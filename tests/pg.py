@@ -15,6 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from service.core.db import asyncpg_dsn
+
 log = logging.getLogger(__name__)
 
 
@@ -22,10 +24,6 @@ def with_database(url: str, name: str) -> str:
     """`url` pointing at database `name` instead."""
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-def asyncpg_dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
 def docker_answers() -> bool:

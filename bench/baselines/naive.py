@@ -20,6 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlmodel import Field, SQLModel, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from service.core.db import async_url
+
 TABLE = "naive_messages"
 
 
@@ -34,10 +36,6 @@ class NaiveMessage(SQLModel, table=True):
     received_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
 
-def asyncpg_url(url: str) -> str:
-    return "postgresql+asyncpg://" + url.split("://", 1)[1]
-
-
 async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     async with request.app.state.sessions() as session:
         yield session
@@ -47,7 +45,7 @@ SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
 def create_app(database_url: str | None = None) -> FastAPI:
-    url = asyncpg_url(database_url or os.environ["BENCH_DATABASE_URL"])
+    url = async_url(database_url or os.environ["BENCH_DATABASE_URL"])
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -9,9 +9,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 from starlette.responses import Response
 
+from service.api.problems import problem, problem_responses
+from service.api.state import StateDep
 from service.core.migrations import current_revision
-from service.core.problems import problem, problem_responses
-from service.core.state import StateDep
 from service.store.errors import StoreUnavailable, translate_errors
 
 router = APIRouter(tags=["health"])

@@ -14,12 +14,13 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from service.api.problems import problem, problem_responses, unavailable
+from service.api.request_id import request_id_of
+from service.api.state import AppState, StateDep
+from service.core.logging import REQUEST_ID
 from service.core.metrics import UNKNOWN_SOURCE, Metrics
-from service.core.problems import problem, problem_responses, unavailable
-from service.core.request_id import REQUEST_ID, request_id_of
-from service.core.state import AppState, StateDep
-from service.processing.sync import HandlerFailed, SyncProcessor
-from service.sources.base import BadDelivery, Handshake, RawDelivery, Rejected, Source
+from service.processing.sync import HandlerFailed, record_and_process
+from service.sources.base import AnySource, BadDelivery, Handshake, RawDelivery, Rejected
 from service.sources.limits import (
     MAX_CONTENT_TYPE_LENGTH,
     MAX_EVENT_TYPE_LENGTH,
@@ -30,7 +31,6 @@ from service.sources.limits import (
     checked_content_type,
 )
 from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
-from service.store.ingest import record_messages
 
 log = logging.getLogger("service.ingest")
 
@@ -82,7 +82,7 @@ async def read_body(request: Request, limit: int, within_seconds: float) -> byte
     return b"".join(chunks)
 
 
-def stored_headers(source: Source, request: Request) -> dict[str, str]:
+def stored_headers(source: AnySource, request: Request) -> dict[str, str]:
     """The request headers worth keeping, with every credential and signature value redacted."""
     return {
         name: (REDACTED if source.is_sensitive_header(name) else value)
@@ -235,14 +235,8 @@ async def handle_delivery(
         if pipeline is not None and pipeline.config.mode == "sync":
             # Sync mode runs the handlers inside this request's own transaction, so it cannot
             # share a group commit with other requests.
-            results = await record_messages(
-                state.engine,
-                source,
-                verdict.items,
-                headers,
-                body,
-                content_type,
-                process=SyncProcessor(pipeline),
+            results = await record_and_process(
+                state.engine, pipeline, verdict.items, headers, body, content_type
             )
         else:
             results = await state.committer.record(
@@ -282,7 +276,7 @@ async def handle_delivery(
     return JSONResponse(payload, status_code=status)
 
 
-def refuse(configured: Source, exc: Rejected, metrics: Metrics, started: float) -> Response:
+def refuse(configured: AnySource, exc: Rejected, metrics: Metrics, started: float) -> Response:
     """Answer a refused delivery: the kind's own answer if it has one, else the problem."""
     log_delivery(metrics, configured.name, None, f"rejected:{exc.reason}", started)
     answer = configured.answer_rejection(exc)

@@ -7,9 +7,10 @@ import logging
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from service.api.state import StateDep
 from service.core.metrics import CONTENT_TYPE, InboxSnapshot
-from service.core.state import StateDep
-from service.store.admin import UNFINISHED, status_counts
+from service.core.schema import UNFINISHED
+from service.store.admin import status_counts
 from service.store.errors import StoreUnavailable
 
 log = logging.getLogger("service.metrics")

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from service.core.config import Settings
+from service.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,11 @@ def async_url(url: str) -> str:
     if scheme in ("postgresql", "postgres", "postgresql+asyncpg"):
         return f"postgresql+asyncpg://{rest}"
     raise ValueError(f"DATABASE_URL scheme {scheme!r} is not PostgreSQL")
+
+
+def asyncpg_dsn(url: str) -> str:
+    """The same URL as asyncpg itself takes: `postgresql://…` (SQLAlchemy's marker dropped)."""
+    return "postgresql://" + async_url(url).partition("://")[2]
 
 
 def describe_url(url: str) -> str:

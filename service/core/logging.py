@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from service.core.request_id import REQUEST_ID
+# The request being served (set by the HTTP layer's middleware); stamped on every log line.
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and is a field.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {

@@ -21,6 +21,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from service.core.schema import Status
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Ingest answers in milliseconds; the top buckets catch a database that has started to stall.
@@ -135,7 +137,7 @@ class Metrics:
         for source in sources:
             self.ingest_duration.labels(source)
             self.handler_duration.labels(source)
-        for status in ("processed", "discarded", "dead"):
+        for status in (Status.PROCESSED, Status.DISCARDED, Status.DEAD):
             self.pruned_rows.labels(status)
         for action in ("admin_retry", "admin_replay", "admin_discard"):
             self.admin_actions.labels(action)

@@ -9,9 +9,10 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
-from service.core.config import SourceConfig
-from service.processing.policy import Failure, dead_failure, retry_failure
-from service.store.processing import AttemptResult, MessageRow
+from service.core.schema import Status
+from service.processing.policy import Failure, dead_failure, failed_attempt, retry_failure
+from service.sources.config import SourceConfig
+from service.store.claims import AttemptResult, MessageRow
 
 log = logging.getLogger("service.forward")
 
@@ -104,7 +105,7 @@ async def forward_message(
         )
     finished = datetime.now(UTC)
     if failure is None:
-        return AttemptResult(row.id, attempt, "processed", "processed", started, finished)
+        return AttemptResult(row.id, attempt, Status.PROCESSED, "processed", started, finished)
     log.warning(
         "forward failed",
         extra={
@@ -117,14 +118,4 @@ async def forward_message(
             "retry_in_s": failure.delay_seconds,
         },
     )
-    return AttemptResult(
-        row.id,
-        attempt,
-        failure.status,
-        failure.outcome,
-        started,
-        finished,
-        delay_seconds=failure.delay_seconds,
-        error_type=failure.error_type,
-        error=failure.error,
-    )
+    return failed_attempt(row.id, attempt, failure, started, finished)

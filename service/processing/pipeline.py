@@ -9,9 +9,10 @@ import sys
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from service.core.config import ConfigError, ForwardConfig, SourceConfig
-from service.inbox_config import InboxConfig
-from service.processing.api import Handler
+from service.core.settings import ConfigError
+from service.processing.handler_api import Handler
+from service.sources.config import ForwardConfig, SourceConfig
+from service.sources.config_file import InboxConfig
 
 
 @dataclass(frozen=True)

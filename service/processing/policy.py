@@ -6,17 +6,19 @@ import random
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
-from service.core.config import SourceConfig
-from service.processing.api import PermanentFailure, RetryLater
+from service.core.schema import Status
+from service.processing.handler_api import PermanentFailure, RetryLater
+from service.sources.config import SourceConfig
+from service.store.claims import AttemptResult
 
 MAX_ERROR_CHARS = 2_000
 MAX_TRACEBACK_CHARS = 8_000
 
 # Attempt outcomes as stored in inbox_attempts.outcome.
 AttemptOutcome = Literal["processed", "skipped", "failed", "retry_later", "dead", "abandoned"]
-NextStatus = Literal["processed", "retrying", "dead"]
 
 
 def backoff_delay(
@@ -35,7 +37,7 @@ def backoff_delay(
 class Failure:
     """A failed attempt, classified: the next status, its delay, and what to record."""
 
-    status: NextStatus
+    status: Status  # retrying or dead
     outcome: AttemptOutcome
     delay_seconds: float | None
     error_type: str
@@ -58,29 +60,64 @@ def classify_failure(exc: BaseException, attempt: int, config: SourceConfig) -> 
     """Dead on `PermanentFailure` or the last attempt; `RetryLater`: its delay; else backoff."""
     kind, message, tb = describe(exc)
     if isinstance(exc, PermanentFailure):
-        return Failure("dead", "dead", None, kind, message, tb)
+        return Failure(Status.DEAD, "dead", None, kind, message, tb)
     if attempt >= config.max_attempts:
-        return Failure("dead", "dead", None, kind, message, tb)
+        return Failure(Status.DEAD, "dead", None, kind, message, tb)
     if isinstance(exc, RetryLater):
-        return Failure("retrying", "retry_later", exc.after_seconds, kind, message, None)
+        return Failure(Status.RETRYING, "retry_later", exc.after_seconds, kind, message, None)
     delay = backoff_delay(attempt, config.backoff_base_seconds, config.backoff_max_seconds)
-    return Failure("retrying", "failed", delay, kind, message, tb)
+    return Failure(Status.RETRYING, "failed", delay, kind, message, tb)
 
 
 def retry_failure(
-    attempt: int, config: SourceConfig, error_type: str, error: str, after: float | None
+    attempt: int,
+    config: SourceConfig,
+    error_type: str,
+    error: str,
+    after: float | None,
+    *,
+    abandoned: bool = False,
 ) -> Failure:
-    """A retryable failure without a Python exception (a forward's 503): `after` or backoff."""
+    """A retryable failure without a Python exception (a forward's 503, an attempt that never
+    finished): retried after `after` or the backoff, dead on the last attempt."""
     if attempt >= config.max_attempts:
-        return Failure("dead", "dead", None, error_type, error[:MAX_ERROR_CHARS], None)
+        return Failure(Status.DEAD, "dead", None, error_type, error[:MAX_ERROR_CHARS], None)
     delay = (
         after
         if after is not None
         else backoff_delay(attempt, config.backoff_base_seconds, config.backoff_max_seconds)
     )
-    outcome: AttemptOutcome = "retry_later" if after is not None else "failed"
-    return Failure("retrying", outcome, delay, error_type, error[:MAX_ERROR_CHARS], None)
+    outcome: AttemptOutcome = (
+        "abandoned" if abandoned else "retry_later" if after is not None else "failed"
+    )
+    return Failure(Status.RETRYING, outcome, delay, error_type, error[:MAX_ERROR_CHARS], None)
 
 
 def dead_failure(error_type: str, error: str) -> Failure:
-    return Failure("dead", "dead", None, error_type, error[:MAX_ERROR_CHARS], None)
+    return Failure(Status.DEAD, "dead", None, error_type, error[:MAX_ERROR_CHARS], None)
+
+
+def failed_attempt(
+    message_id: int,
+    attempt: int,
+    failure: Failure,
+    started: datetime,
+    finished: datetime,
+    *,
+    unfinished: bool = False,
+) -> AttemptResult:
+    """The result to record for a failed attempt. `unfinished`: it never ended (its claim
+    expired), so the message's next attempt runs alone."""
+    return AttemptResult(
+        message_id,
+        attempt,
+        failure.status,
+        failure.outcome,
+        started,
+        finished,
+        delay_seconds=failure.delay_seconds,
+        error_type=failure.error_type,
+        error=failure.error,
+        traceback=failure.traceback,
+        unfinished=unfinished,
+    )

@@ -6,13 +6,16 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.processing.api import (
+from service.core.schema import Status
+from service.processing.handler_api import (
     Handler,
     HandlerCommitError,
     HandlerContext,
@@ -20,10 +23,39 @@ from service.processing.api import (
     InboxMessage,
 )
 from service.processing.pipeline import Pipeline
-from service.processing.policy import classify_failure
-from service.store.processing import AttemptResult, MessageRow, MessageSavepoints
+from service.processing.policy import classify_failure, failed_attempt
+from service.store.claims import (
+    AttemptResult,
+    MessageRow,
+    MessageSavepoints,
+    message_savepoints,
+)
 
 log = logging.getLogger("service.processing")
+
+
+def handler_session(conn: AsyncConnection) -> HandlerSession:
+    """A session that joins `conn`'s transaction; `MessageSavepoints` brackets each message.
+
+    "rollback_only": the session's commit() only flushes and its close() leaves the
+    connection's transaction alone. Its rollback() would roll back the whole batch, so the
+    runner never calls it (and a handler may not): a failed message is undone by rolling back
+    to its savepoint on the connection, then closing the session.
+    """
+    return HandlerSession(bind=conn, join_transaction_mode="rollback_only", expire_on_commit=False)
+
+
+@asynccontextmanager
+async def handler_scope(
+    conn: AsyncConnection,
+) -> AsyncIterator[tuple[HandlerSession, MessageSavepoints]]:
+    """The session handlers stage effects in, and the savepoints that bracket each message,
+    inside `conn`'s transaction (which must have begun)."""
+    session = handler_session(conn)
+    try:
+        yield session, await message_savepoints(conn)
+    finally:
+        await session.close()
 
 
 class HandlerTimeout(Exception):
@@ -117,7 +149,7 @@ async def run_handlers(
         return AttemptResult(
             row.id,
             attempt,
-            "processed",
+            Status.PROCESSED,
             "skipped",
             started,
             started,
@@ -168,21 +200,10 @@ async def run_handlers(
                 "retry_in_s": failure.delay_seconds,
             },
         )
-        return AttemptResult(
-            row.id,
-            attempt,
-            failure.status,
-            failure.outcome,
-            started,
-            datetime.now(UTC),
-            delay_seconds=failure.delay_seconds,
-            error_type=failure.error_type,
-            error=failure.error,
-            traceback=failure.traceback,
-        ), exc
+        return failed_attempt(row.id, attempt, failure, started, datetime.now(UTC)), exc
     finally:
         session._commit_refused = False
         session.expunge_all()
     return AttemptResult(
-        row.id, attempt, "processed", "processed", started, datetime.now(UTC)
+        row.id, attempt, Status.PROCESSED, "processed", started, datetime.now(UTC)
     ), None

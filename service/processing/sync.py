@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.processing.api import RetryLater
+from service.processing.handler_api import RetryLater
 from service.processing.pipeline import Pipeline
-from service.processing.runner import run_handlers
-from service.store.processing import (
-    MessageRow,
-    finish_attempts,
-    handler_session,
-    message_savepoints,
-)
+from service.processing.runner import handler_scope, run_handlers
+from service.sources.base import Message, Recorded
+from service.store.claims import MessageRow, finish_attempts
+from service.store.sync_ingest import ingest_transaction, insert_messages
 
 SYNC_ACTOR = f"sync:{socket.gethostname()}:{os.getpid()}"
 
@@ -31,24 +28,41 @@ class HandlerFailed(Exception):
         self.retry_after = retry_after
 
 
-class SyncProcessor:
-    """The ingest hook for a sync-mode source: run handlers on the just-inserted rows."""
+async def record_and_process(
+    engine: AsyncEngine,
+    pipeline: Pipeline,
+    messages: Sequence[Message],
+    headers: Mapping[str, str],
+    body: bytes,
+    content_type: str | None,
+) -> list[Recorded]:
+    """Record a sync-mode delivery and run its handlers in one transaction, committed on return.
 
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
+    The accepted messages are answered `processed`: their rows, attempts and the handlers'
+    effects commit together. A failing handler raises `HandlerFailed` and nothing is recorded.
+    """
+    async with ingest_transaction(engine) as conn:
+        results, accepted = await insert_messages(
+            conn, pipeline.source, messages, headers, body, content_type
+        )
+        if accepted:
+            await run_in_transaction(conn, pipeline, accepted)
+    return [
+        Recorded(r.message_id, "processed", r.id) if r.outcome == "accepted" else r for r in results
+    ]
 
-    async def __call__(self, conn: AsyncConnection, rows: Sequence[MessageRow]) -> None:
-        session = handler_session(conn)
-        savepoints = await message_savepoints(conn)
-        try:
-            results = []
-            for row in rows:
-                result, exc = await run_handlers(session, savepoints, self.pipeline, row)
-                if exc is not None:
-                    retry_after = exc.after_seconds if isinstance(exc, RetryLater) else None
-                    raise HandlerFailed(row.source, row.message_id, retry_after) from exc
-                results.append(result)
-            await savepoints.flush()
-            await finish_attempts(conn, results, SYNC_ACTOR)
-        finally:
-            await session.close()
+
+async def run_in_transaction(
+    conn: AsyncConnection, pipeline: Pipeline, rows: Sequence[MessageRow]
+) -> None:
+    """Run the handlers of `rows`; the first failure raises `HandlerFailed`."""
+    results = []
+    async with handler_scope(conn) as (session, savepoints):
+        for row in rows:
+            result, exc = await run_handlers(session, savepoints, pipeline, row)
+            if exc is not None:
+                retry_after = exc.after_seconds if isinstance(exc, RetryLater) else None
+                raise HandlerFailed(row.source, row.message_id, retry_after) from exc
+            results.append(result)
+        await savepoints.flush()
+    await finish_attempts(conn, results, SYNC_ACTOR)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.sources.base import Source
+from service.sources.base import AnySource, Source
 from service.sources.cloudevents import CloudEventsSource
 from service.sources.dapr import DaprSource
 from service.sources.eventgrid import EventGridSource
@@ -15,7 +15,7 @@ from service.sources.sns import SnsSource
 from service.sources.standard_webhooks import StandardWebhooksSource
 from service.sources.stripe import StripeSource
 
-KINDS: dict[str, type[Source]] = {
+KINDS: dict[str, type[AnySource]] = {
     cls.kind: cls
     for cls in (
         GenericSource,

@@ -7,11 +7,14 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from starlette.datastructures import Headers
 
-from service.core.config import SourceConfig
+from service.sources.config import SourceConfig
+
+# The configuration model of a kind: `Source[GenericConfig]` sees `self.config` as one.
+ConfigT = TypeVar("ConfigT", bound=SourceConfig)
 
 # Headers whose values are credentials under any kind; never stored or logged.
 ALWAYS_SENSITIVE_HEADERS = frozenset(
@@ -108,7 +111,7 @@ class UnsupportedMediaType(Rejected):
     reason = "unsupported_media_type"
 
 
-class Source(ABC):
+class Source(ABC, Generic[ConfigT]):
     """One configured source: `verify` authenticates and extracts, `respond` answers the sender.
 
     A kind's module subclasses this, sets `kind` and `config_model`, and is listed in
@@ -122,7 +125,7 @@ class Source(ABC):
     # Longest a sender may redeliver one message; pruning a younger row re-opens duplicates.
     redelivery_days: ClassVar[float] = 3.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
+    def __init__(self, name: str, config: ConfigT) -> None:
         self.name = name
         self.config = config
 
@@ -221,3 +224,7 @@ def require_json_media_type(delivery: RawDelivery, *accepted: str) -> None:
     allowed = {"application/json", *accepted}
     if media and media not in allowed and not media.endswith("+json"):
         raise UnsupportedMediaType(f"content type {media!r} is not JSON; this source reads JSON")
+
+
+# A configured source of any kind, where which one does not matter.
+AnySource = Source[Any]

@@ -9,8 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.core.config import SourceConfig
-from service.sources.base import RawDelivery, Unauthenticated, constant_time_equal
+from service.sources.base import RawDelivery, Unauthenticated
+from service.sources.config import SourceConfig
+from service.sources.signing import require_match
 
 _DIGESTS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha512": hashlib.sha512}
 
@@ -59,7 +60,8 @@ def check_body_hmac(delivery: RawDelivery, spec: HmacConfig, keys: list[bytes]) 
     offered = header[len(spec.prefix) :].strip()
     if spec.encoding == "hex":
         offered = offered.lower()
-    # Every key is compared, so the time taken does not say which one matched.
-    matches = [constant_time_equal(body_signature(k, delivery.body, spec), offered) for k in keys]
-    if not any(matches):
-        raise Unauthenticated(f"{spec.header} does not match a configured secret")
+    require_match(
+        (body_signature(k, delivery.body, spec) for k in keys),
+        [offered],
+        f"{spec.header} does not match a configured secret",
+    )

@@ -6,7 +6,6 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     Handshake,
     Messages,
@@ -14,7 +13,8 @@ from service.sources.base import (
     Source,
 )
 from service.sources.body_hmac import BodyHmacConfig, check_body_hmac
-from service.sources.cloudevent import abuse_protection, read_events
+from service.sources.cloudevents_http import abuse_protection, read_events
+from service.sources.config import SourceConfig
 
 
 class CloudEventsConfig(BodyHmacConfig):
@@ -23,25 +23,20 @@ class CloudEventsConfig(BodyHmacConfig):
     allowed_rate: str | None = Field(default=None, pattern=r"^(\*|[1-9][0-9]*)$")
 
 
-class CloudEventsSource(Source):
+class CloudEventsSource(Source[CloudEventsConfig]):
     kind = "cloudevents"
     config_model: ClassVar[type[SourceConfig]] = CloudEventsConfig
     # Unknown sender and retry policy: the generic window. Event Grid's CloudEvents schema
     # retries for at most 24 hours; Knative brokers retry for minutes.
     redelivery_days = 3.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        assert isinstance(config, CloudEventsConfig)
-        super().__init__(name, config)
-        self.ce = config
-
     def is_sensitive_header(self, name: str) -> bool:
-        return super().is_sensitive_header(name) or self.ce.is_hmac_header(name)
+        return super().is_sensitive_header(name) or self.config.is_hmac_header(name)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
-        if self.ce.hmac is not None:
-            check_body_hmac(delivery, self.ce.hmac, self.config.secret_values())
+        if self.config.hmac is not None:
+            check_body_hmac(delivery, self.config.hmac, self.config.secret_values())
         return read_events(delivery)
 
     async def options(self, delivery: RawDelivery) -> Handshake | None:
-        return abuse_protection(delivery, self.ce.allowed_origins, self.ce.allowed_rate)
+        return abuse_protection(delivery, self.config.allowed_origins, self.config.allowed_rate)

@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from service.core.config import Secret, SourceConfig
 from service.sources.base import (
     BadDelivery,
     Handshake,
@@ -19,7 +18,8 @@ from service.sources.base import (
     UnsupportedMediaType,
     constant_time_equal,
 )
-from service.sources.cloudevent import STRUCTURED, structured_event
+from service.sources.cloudevents_http import STRUCTURED, structured_event
+from service.sources.config import Secret, SourceConfig
 
 log = logging.getLogger("service.sources.dapr")
 
@@ -35,7 +35,7 @@ class DaprConfig(SourceConfig):
     on_malformed: Literal["drop", "reject"] = "drop"
 
 
-class DaprSource(Source):
+class DaprSource(Source[DaprConfig]):
     kind = "dapr"
     config_model: ClassVar[type[SourceConfig]] = DaprConfig
     sensitive_headers = frozenset({API_TOKEN_HEADER})
@@ -43,17 +43,12 @@ class DaprSource(Source):
     # covers Kafka's default retention and Pub/Sub's and Service Bus's usual settings.
     redelivery_days = 7.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        assert isinstance(config, DaprConfig)
-        super().__init__(name, config)
-        self.dapr = config
-
     async def verify(self, delivery: RawDelivery) -> Messages:
-        if self.dapr.app_api_token is not None:
+        if self.config.app_api_token is not None:
             offered = delivery.headers.get(API_TOKEN_HEADER)
             if not offered:
                 raise Unauthenticated(f"missing {API_TOKEN_HEADER} header")
-            if not constant_time_equal(offered, self.dapr.app_api_token.get_secret_value()):
+            if not constant_time_equal(offered, self.config.app_api_token.get_secret_value()):
                 raise Unauthenticated(f"{API_TOKEN_HEADER} does not match app_api_token")
         # Dapr posts the envelope in structured mode; a publisher's own CloudEvent may arrive as
         # plain JSON. A raw payload (metadata.rawPayload) carries no id to deduplicate on.
@@ -72,7 +67,7 @@ class DaprSource(Source):
     def answer_rejection(self, rejected: Rejected) -> Handshake | None:
         # 401 stays a problem (Dapr retries: a rotated token heals); 503 from the store is
         # already a non-2xx, which Dapr retries like RETRY.
-        if self.dapr.on_malformed == "drop" and isinstance(
+        if self.config.on_malformed == "drop" and isinstance(
             rejected, BadDelivery | UnsupportedMediaType
         ):
             log.warning(

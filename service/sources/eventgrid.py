@@ -7,7 +7,6 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     BadDelivery,
     Handshake,
@@ -20,7 +19,8 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
-from service.sources.cloudevent import abuse_protection, read_events, serialized
+from service.sources.cloudevents_http import abuse_protection, read_events, serialized
+from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
 
 log = logging.getLogger("service.sources.eventgrid")
@@ -45,24 +45,19 @@ class EventGridConfig(SourceConfig):
         return self
 
 
-class EventGridSource(Source):
+class EventGridSource(Source[EventGridConfig]):
     kind = "eventgrid"
     config_model: ClassVar[type[SourceConfig]] = EventGridConfig
     # Event Grid retries for the event's time-to-live: 1440 minutes by default and at most.
     redelivery_days = 1.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        assert isinstance(config, EventGridConfig)
-        super().__init__(name, config)
-        self.eventgrid = config
-
     def is_sensitive_header(self, name: str) -> bool:
-        key_header = (self.eventgrid.key_header or "").lower()
+        key_header = (self.config.key_header or "").lower()
         return super().is_sensitive_header(name) or name.lower() == key_header
 
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
-        if self.eventgrid.key_header:
-            self._check_key(delivery, self.eventgrid.key_header)
+        if self.config.key_header:
+            self._check_key(delivery, self.config.key_header)
         if delivery.media_type.startswith("application/cloudevents"):
             return read_events(delivery, binary=False)
         require_json_media_type(delivery)
@@ -111,4 +106,4 @@ class EventGridSource(Source):
             raise Unauthenticated(f"{header} does not match a configured secret")
 
     async def options(self, delivery: RawDelivery) -> Handshake | None:
-        return abuse_protection(delivery, self.eventgrid.allowed_origins, None)
+        return abuse_protection(delivery, self.config.allowed_origins, None)

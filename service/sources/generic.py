@@ -10,7 +10,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import field_validator, model_validator
 
-from service.core.config import Secret, SourceConfig
 from service.sources.base import (
     Message,
     Messages,
@@ -22,6 +21,7 @@ from service.sources.base import (
     require_json_media_type,
 )
 from service.sources.body_hmac import BodyHmacConfig, body_signature, check_body_hmac
+from service.sources.config import Secret, SourceConfig
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
 from service.sources.limits import checked_event_type, checked_message_id
 
@@ -55,21 +55,16 @@ class GenericConfig(BodyHmacConfig):
         return self
 
 
-class GenericSource(Source):
+class GenericSource(Source[GenericConfig]):
     kind = "generic"
     config_model: ClassVar[type[SourceConfig]] = GenericConfig
     redelivery_days = 3.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        assert isinstance(config, GenericConfig)
-        super().__init__(name, config)
-        self.generic = config
-
     def is_sensitive_header(self, name: str) -> bool:
-        return super().is_sensitive_header(name) or self.generic.is_hmac_header(name)
+        return super().is_sensitive_header(name) or self.config.is_hmac_header(name)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
-        config = self.generic
+        config = self.config
         if config.basic_auth is not None:
             self._check_basic_auth(delivery, config.basic_auth.get_secret_value())
         if config.hmac is not None:
@@ -85,7 +80,7 @@ class GenericSource(Source):
         return Messages([Message(message_id, self._event_type(delivery, payload))])
 
     def _event_type(self, delivery: RawDelivery, payload: Any) -> str | None:
-        config = self.generic
+        config = self.config
         if config.event_type_header:
             value = delivery.headers.get(config.event_type_header)
             return checked_event_type(value, f"the {config.event_type_header} header")
@@ -97,7 +92,7 @@ class GenericSource(Source):
         return checked_event_type(value, f"the JSON field {config.event_type_json_pointer}")
 
     def _message_id(self, delivery: RawDelivery, payload: Any) -> str:
-        config = self.generic
+        config = self.config
         if config.id_header:
             value = delivery.headers.get(config.id_header)
             where = f"the {config.id_header} header"
@@ -126,7 +121,7 @@ class GenericSource(Source):
             raise Unauthenticated("Basic credentials do not match")
 
     def example_curl(self, base_url: str) -> str | None:
-        config = self.generic
+        config = self.config
         body = {"id": "evt_demo_1", "type": "demo.created", "data": {"hello": "world"}}
         raw = json.dumps(body).encode()
         headers = ["-H 'content-type: application/json'"]

@@ -6,7 +6,6 @@ import json
 from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     BadDelivery,
     Message,
@@ -15,11 +14,11 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     UnsupportedMediaType,
-    constant_time_equal,
     parse_json,
 )
+from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, hmac_sha256
+from service.sources.signing import SignedSourceConfig, hmac_sha256, require_match
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 DELIVERY_HEADER = "X-GitHub-Delivery"
@@ -33,7 +32,7 @@ def github_signature(secret: bytes, body: bytes) -> str:
     return PREFIX + hmac_sha256(secret, body).hex()
 
 
-class GitHubSource(Source):
+class GitHubSource(Source[SourceConfig]):
     kind = "github"
     config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-hub-signature-256", "x-hub-signature"})
@@ -46,12 +45,11 @@ class GitHubSource(Source):
         offered = delivery.headers.get(SIGNATURE_HEADER)
         if not offered:
             raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
-        matches = [
-            constant_time_equal(github_signature(key, delivery.body), offered.strip())
-            for key in self.config.secret_values()
-        ]
-        if not any(matches):
-            raise Unauthenticated(f"{SIGNATURE_HEADER} does not match a configured secret")
+        require_match(
+            (github_signature(key, delivery.body) for key in self.config.secret_values()),
+            [offered.strip()],
+            f"{SIGNATURE_HEADER} does not match a configured secret",
+        )
 
         message_id = checked_message_id(
             delivery.headers.get(DELIVERY_HEADER), f"the {DELIVERY_HEADER} header"

@@ -11,7 +11,6 @@ import httpx
 import jwt
 from pydantic import Field, field_validator, model_validator
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     BadDelivery,
     Message,
@@ -23,6 +22,7 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
+from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
 
 GOOGLE_JWKS_URL = "https://www.googleapis.com/oauth2/v3/certs"
@@ -128,17 +128,15 @@ class JwksCache:
             raise KeysUnavailable(f"could not fetch the OIDC keys from {self.url}") from exc
 
 
-class PubSubSource(Source):
+class PubSubSource(Source[PubSubConfig]):
     kind = "pubsub"
     config_model: ClassVar[type[SourceConfig]] = PubSubConfig
     # A push subscription redelivers an unacknowledged message until the subscription's
     # message retention ends: at most 7 days.
     redelivery_days = 7.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        assert isinstance(config, PubSubConfig)
+    def __init__(self, name: str, config: PubSubConfig) -> None:
         super().__init__(name, config)
-        self.pubsub = config
         self.jwks = (
             JwksCache(
                 config.jwks_file, config.jwks_url or GOOGLE_JWKS_URL, config.jwks_cache_seconds
@@ -161,7 +159,7 @@ class PubSubSource(Source):
         return Messages([Message(message_id, self._event_type(message))])
 
     def _event_type(self, message: dict[str, Any]) -> str | None:
-        name = self.pubsub.event_type_attribute
+        name = self.config.event_type_attribute
         if name is None:
             return None
         attributes = message.get("attributes")
@@ -188,7 +186,7 @@ class PubSubSource(Source):
                 token,
                 key,
                 algorithms=["RS256"],
-                audience=self.pubsub.audience,
+                audience=self.config.audience,
                 issuer=GOOGLE_ISSUERS,
                 leeway=CLOCK_SKEW_SECONDS,
                 options={"require": ["exp", "iat", "iss", "aud"]},
@@ -201,7 +199,7 @@ class PubSubSource(Source):
             raise Unauthenticated("the bearer token's issuer is not accounts.google.com") from None
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"the bearer token does not verify: {exc}") from None
-        expected_email = self.pubsub.service_account_email
+        expected_email = self.config.service_account_email
         if expected_email is not None and (
             claims.get("email") != expected_email or claims.get("email_verified") is not True
         ):

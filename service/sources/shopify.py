@@ -7,17 +7,16 @@ import binascii
 import json
 from typing import ClassVar
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     Message,
     Messages,
     RawDelivery,
     Source,
     Unauthenticated,
-    constant_time_equal,
 )
+from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, hmac_sha256
+from service.sources.signing import SignedSourceConfig, hmac_sha256, require_match
 
 SIGNATURE_HEADER = "X-Shopify-Hmac-Sha256"
 ID_HEADER = "X-Shopify-Webhook-Id"
@@ -29,7 +28,7 @@ def shopify_signature(secret: bytes, body: bytes) -> str:
     return base64.b64encode(hmac_sha256(secret, body)).decode()
 
 
-class ShopifySource(Source):
+class ShopifySource(Source[SourceConfig]):
     kind = "shopify"
     config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-shopify-hmac-sha256"})
@@ -45,12 +44,11 @@ class ShopifySource(Source):
             offered = base64.b64decode(header.strip(), validate=True)
         except (binascii.Error, ValueError):
             raise Unauthenticated(f"{SIGNATURE_HEADER} is not base64") from None
-        matches = [
-            constant_time_equal(hmac_sha256(key, delivery.body), offered)
-            for key in self.config.secret_values()
-        ]
-        if not any(matches):
-            raise Unauthenticated(f"{SIGNATURE_HEADER} does not match a configured secret")
+        require_match(
+            (hmac_sha256(key, delivery.body) for key in self.config.secret_values()),
+            [offered],
+            f"{SIGNATURE_HEADER} does not match a configured secret",
+        )
 
         # Everything needed is in headers, so the body stays opaque: Shopify may send JSON or,
         # for webhooks created in the admin with that format, XML.

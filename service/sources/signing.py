@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from collections.abc import Iterable
 
 from pydantic import model_validator
 
-from service.core.config import SourceConfig
-from service.sources.base import Unauthenticated
+from service.sources.base import Unauthenticated, constant_time_equal
+from service.sources.config import SourceConfig
 
 
 def now() -> float:
@@ -19,6 +20,20 @@ def now() -> float:
 
 def hmac_sha256(key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def require_match(
+    expected: Iterable[str | bytes], offered: Iterable[str | bytes], refusal: str
+) -> None:
+    """401 with `refusal` unless a signature we expect equals one the sender offered.
+
+    Every pair is compared, so the time taken does not say which secret (several during a key
+    rotation) or which offered signature matched.
+    """
+    offers = list(offered)
+    matches = [constant_time_equal(e, o) for e in expected for o in offers]
+    if not any(matches):
+        raise Unauthenticated(refusal)
 
 
 class SignedSourceConfig(SourceConfig):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     BadDelivery,
     Handshake,
@@ -15,11 +14,17 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     UnsupportedMediaType,
-    constant_time_equal,
     parse_json,
 )
+from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, check_timestamp, hmac_sha256, now
+from service.sources.signing import (
+    SignedSourceConfig,
+    check_timestamp,
+    hmac_sha256,
+    now,
+    require_match,
+)
 
 SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
@@ -32,7 +37,7 @@ def slack_signature(secret: bytes, timestamp: str, body: bytes) -> str:
     return f"{VERSION}=" + hmac_sha256(secret, base).hex()
 
 
-class SlackSource(Source):
+class SlackSource(Source[SourceConfig]):
     kind = "slack"
     config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-slack-signature"})
@@ -48,12 +53,11 @@ class SlackSource(Source):
         if not timestamp:
             raise Unauthenticated(f"missing {TIMESTAMP_HEADER} header")
         timestamp = timestamp.strip()
-        matches = [
-            constant_time_equal(slack_signature(key, timestamp, delivery.body), offered.strip())
-            for key in self.config.secret_values()
-        ]
-        if not any(matches):
-            raise Unauthenticated(f"{SIGNATURE_HEADER} does not match a configured secret")
+        require_match(
+            (slack_signature(key, timestamp, delivery.body) for key in self.config.secret_values()),
+            [offered.strip()],
+            f"{SIGNATURE_HEADER} does not match a configured secret",
+        )
         check_timestamp(timestamp, TIMESTAMP_HEADER, self.config.tolerance_seconds)
 
         media = delivery.media_type

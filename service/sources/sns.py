@@ -17,7 +17,6 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from pydantic import Field, model_validator
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     BadDelivery,
     Handshake,
@@ -30,6 +29,7 @@ from service.sources.base import (
     UnsupportedMediaType,
     parse_json,
 )
+from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
 
 log = logging.getLogger("service.sources.sns")
@@ -145,17 +145,15 @@ class SnsConfig(SourceConfig):
         return self
 
 
-class SnsSource(Source):
+class SnsSource(Source[SnsConfig]):
     kind = "sns"
     config_model: ClassVar[type[SourceConfig]] = SnsConfig
     # HTTP/S delivery policies retry for at most 3,600 seconds (a hard limit); one day leaves
     # room for manual redrives from a dead-letter queue soon after.
     redelivery_days = 1.0
 
-    def __init__(self, name: str, config: SourceConfig, fetcher: SnsFetcher | None = None) -> None:
-        assert isinstance(config, SnsConfig)
+    def __init__(self, name: str, config: SnsConfig, fetcher: SnsFetcher | None = None) -> None:
         super().__init__(name, config)
-        self.sns = config
         self.fetcher: SnsFetcher = fetcher or HttpsFetcher()
         self._keys: OrderedDict[str, rsa.RSAPublicKey] = OrderedDict()
 
@@ -179,7 +177,7 @@ class SnsSource(Source):
         await self._check_signature(message)
 
         topic = message.get("TopicArn")
-        if "*" not in self.sns.topic_arns and topic not in self.sns.topic_arns:
+        if "*" not in self.config.topic_arns and topic not in self.config.topic_arns:
             raise Forbidden(f"TopicArn {topic!r} is not in topic_arns")
         if kind == "SubscriptionConfirmation":
             return await self._subscription_confirmation(message)
@@ -189,7 +187,7 @@ class SnsSource(Source):
         return Messages([Message(message_id, self._event_type(message))])
 
     def _event_type(self, message: dict[str, Any]) -> str | None:
-        name = self.sns.event_type_attribute
+        name = self.config.event_type_attribute
         if name is None:
             return checked_event_type(message.get("Subject"), "the field Subject")
         attributes = message.get("MessageAttributes")
@@ -243,7 +241,7 @@ class SnsSource(Source):
     async def _subscription_confirmation(self, message: dict[str, Any]) -> Handshake:
         topic = message.get("TopicArn")
         subscribe_url = message["SubscribeURL"]  # signed, so present and a string
-        if not self.sns.auto_confirm:
+        if not self.config.auto_confirm:
             # The URL confirms the subscription and nothing else; the operator needs it.
             log.info(
                 "sns subscription awaits confirmation",

@@ -12,7 +12,6 @@ from typing import ClassVar
 
 from pydantic import SecretStr, field_validator, model_validator
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     Message,
     Messages,
@@ -22,7 +21,9 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
+from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
+from service.sources.signing import require_match
 
 SECRET_PREFIX = "whsec_"
 
@@ -76,7 +77,7 @@ def _header(delivery: RawDelivery, name: str) -> str | None:
     return delivery.headers.get(f"webhook-{name}") or delivery.headers.get(f"svix-{name}")
 
 
-class StandardWebhooksSource(Source):
+class StandardWebhooksSource(Source[SourceConfig]):
     kind = "standard-webhooks"
     config_model: ClassVar[type[SourceConfig]] = StandardWebhooksConfig
     sensitive_headers = frozenset({"webhook-signature", "svix-signature"})
@@ -114,8 +115,7 @@ class StandardWebhooksSource(Source):
         if not offered:
             raise Unauthenticated("webhook-signature has no v1 signature")
         expected = [_digest(key, msg_id, timestamp, delivery.body) for key in self.keys]
-        if not any(hmac.compare_digest(e, o) for e in expected for o in offered):
-            raise Unauthenticated("no webhook-signature matches a configured secret")
+        require_match(expected, offered, "no webhook-signature matches a configured secret")
 
         require_json_media_type(delivery)
         message_id = checked_message_id(msg_id, "the webhook-id header")

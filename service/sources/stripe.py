@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from service.core.config import SourceConfig
 from service.sources.base import (
     Message,
     Messages,
     RawDelivery,
     Source,
     Unauthenticated,
-    constant_time_equal,
     parse_json,
     require_json_media_type,
 )
+from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, check_timestamp, hmac_sha256, now
+from service.sources.signing import (
+    SignedSourceConfig,
+    check_timestamp,
+    hmac_sha256,
+    now,
+    require_match,
+)
 
 HEADER = "Stripe-Signature"
 # Only v1 is Stripe's live scheme; v0 (and any future scheme) is ignored, as stripe-python does.
@@ -48,7 +53,7 @@ def parse_signature_header(header: str) -> tuple[int, list[str]]:
     return int(timestamps[0]), signatures
 
 
-class StripeSource(Source):
+class StripeSource(Source[SourceConfig]):
     kind = "stripe"
     config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"stripe-signature"})
@@ -69,10 +74,9 @@ class StripeSource(Source):
         expected = [
             stripe_signature(key, timestamp, delivery.body) for key in self.config.secret_values()
         ]
-        # Compare every pair so the time taken does not say which secret or signature matched.
-        matches = [constant_time_equal(e, o) for e in expected for o in offered]
-        if not any(matches):
-            raise Unauthenticated(f"no {HEADER} {SCHEME} signature matches a configured secret")
+        require_match(
+            expected, offered, f"no {HEADER} {SCHEME} signature matches a configured secret"
+        )
         check_timestamp(str(timestamp), f"{HEADER} timestamp", self.config.tolerance_seconds)
 
         require_json_media_type(delivery)

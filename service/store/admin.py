@@ -10,18 +10,25 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.core.cursor import Position
+from service.core.schema import Status
 from service.store.errors import translate_errors
-from service.store.ingest import NOTIFY
+from service.store.notifications import NOTIFY
 
-STATUSES = ("pending", "processing", "processed", "retrying", "dead", "discarded")
+
+@dataclass(frozen=True)
+class Position:
+    """A row's place in the newest-first order: `(received_at, id)`, both descending."""
+
+    received_at: datetime
+    id: int
+
+
+STATUSES = tuple(Status)
 # Statuses an admin retry moves back to `pending`; `processed` only when forced (a replay).
-RETRYABLE = frozenset({"retrying", "dead", "discarded"})
+RETRYABLE = frozenset({Status.RETRYING, Status.DEAD, Status.DISCARDED})
 # What a bulk retry picks when its filter names no status: the messages that failed. Discarded
 # ones were set aside on purpose and processed ones would be replays; both must be named.
-BULK_DEFAULT_STATUSES = ("retrying", "dead")
-# Messages still to be finished: their oldest age is the backlog an operator watches.
-UNFINISHED = ("pending", "retrying", "processing")
+BULK_DEFAULT_STATUSES = (Status.RETRYING, Status.DEAD)
 # Worker attempt outcomes that are not failures; every other worker outcome counts as one.
 SUCCESS_OUTCOMES = ("processed", "skipped")
 
@@ -198,19 +205,19 @@ async def retry_message(
     """Move one message back to `pending`; return the new row and the action recorded."""
     async with translate_errors(), engine.begin() as conn:
         status, attempts, source = await _lock(conn, message_id)
-        if status == "processed" and not force:
+        if status == Status.PROCESSED and not force:
             raise InvalidTransition(
                 status,
                 f"message {message_id} is processed; retrying replays its handlers, "
                 'so send {"force": true} to do that',
             )
-        if status not in RETRYABLE and status != "processed":
+        if status not in RETRYABLE and status != Status.PROCESSED:
             raise InvalidTransition(
                 status,
                 f"message {message_id} is {status}; only retrying, dead, discarded or "
                 "(forced) processed messages can be retried",
             )
-        action = ADMIN_REPLAY if status == "processed" else ADMIN_RETRY
+        action = ADMIN_REPLAY if status == Status.PROCESSED else ADMIN_RETRY
         row = (await conn.execute(RESET_TO_PENDING, {"id": message_id})).one()
         await conn.execute(
             RECORD_ACTION,
@@ -226,10 +233,10 @@ async def discard_message(
     """Set a message aside as `discarded`; the row (the dedup key) stays. Returns (row, changed)."""
     async with translate_errors(), engine.begin() as conn:
         status, attempts, _ = await _lock(conn, message_id)
-        if status == "discarded":
+        if status == Status.DISCARDED:
             row = (await conn.execute(GET_MESSAGE, {"id": message_id})).one()
             return dict(row._mapping), False
-        if status in ("processed", "processing"):
+        if status in (Status.PROCESSED, Status.PROCESSING):
             raise InvalidTransition(
                 status,
                 f"message {message_id} is {status}; only pending, retrying or dead messages "
@@ -252,7 +259,7 @@ class BulkRetryResult:
 
 def bulk_statuses(filters: MessageFilter, force: bool) -> list[str]:
     """The statuses a bulk retry touches: those asked for that a retry may leave."""
-    allowed = RETRYABLE | ({"processed"} if force else set())
+    allowed = RETRYABLE | ({Status.PROCESSED} if force else set())
     asked = filters.statuses or BULK_DEFAULT_STATUSES
     return [s for s in STATUSES if s in asked and s in allowed]
 

@@ -22,7 +22,7 @@ from service.store.errors import (
     refused,
     translate_errors,
 )
-from service.store.ingest import NOTIFY_CHANNEL
+from service.store.notifications import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
 

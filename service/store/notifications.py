@@ -8,19 +8,18 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import asyncpg
+from sqlalchemy import text
 
-from service.store.ingest import NOTIFY_CHANNEL
+from service.core.db import asyncpg_dsn
 
 log = logging.getLogger("service.worker.listener")
 
+# Ingest notifies this channel when it records messages for a worker to run.
+NOTIFY_CHANNEL = "webhook_inbox"
+NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :source)")
+
 HEALTH_CHECK_SECONDS = 15.0
 MAX_RECONNECT_DELAY_SECONDS = 30.0
-
-
-def asyncpg_dsn(url: str) -> str:
-    """asyncpg takes `postgresql://`; SQLAlchemy's `+asyncpg` marker is dropped."""
-    scheme, sep, rest = url.partition("://")
-    return f"postgresql://{rest}" if sep and scheme.startswith("postgres") else url
 
 
 async def listen_for_messages(url: str, on_notify: Callable[[], None]) -> NoReturn:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from service.core.config import Settings
 from service.core.db import create_engine
 from service.core.metrics import Metrics
-from service.inbox_config import InboxConfig
+from service.core.settings import Settings
 from service.processing.pipeline import Pipeline
+from service.sources.config_file import InboxConfig
 from service.worker.worker import Worker, WorkerOptions
 
 

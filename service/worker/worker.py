@@ -14,17 +14,14 @@ from datetime import UTC, datetime
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.config import Settings
 from service.core.metrics import Metrics
-from service.inbox_config import InboxConfig
+from service.core.settings import Settings
 from service.processing.forward import forward_message, lease_seconds
 from service.processing.pipeline import Pipeline
-from service.processing.policy import retry_failure
-from service.processing.runner import run_handlers
-from service.retention import prune_periodically
-from service.store.errors import StoreUnavailable
-from service.store.notifications import listen_for_messages
-from service.store.processing import (
+from service.processing.policy import failed_attempt, retry_failure
+from service.processing.runner import handler_scope, run_handlers
+from service.sources.config_file import InboxConfig
+from service.store.claims import (
     AttemptResult,
     MessageRow,
     alone_due,
@@ -33,16 +30,22 @@ from service.store.processing import (
     expired_leases,
     finish_attempts,
     hold_claimed,
-    message_savepoints,
     record_results,
     short_transaction,
 )
+from service.store.errors import StoreUnavailable
+from service.store.notifications import listen_for_messages
 from service.worker.gate import Gate
+from service.worker.retention import prune_periodically
 from service.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger("service.worker")
 
 REAP_LIMIT = 500
+NEVER_FINISHED = (
+    "the attempt never finished: its worker process exited or was killed, or lost the "
+    "database, before recording an outcome (claim expired)"
+)
 MAX_ERROR_BACKOFF_SECONDS = 30.0
 
 
@@ -267,23 +270,27 @@ class Worker:
 
     async def _run_handlers(self, rows: list[MessageRow]) -> None:
         """Run Python handlers in one transaction: their effects commit with the outcomes."""
-        async with batch_transaction(self.engine) as batch:
-            held = await hold_claimed(batch.conn, rows)
-            results: list[AttemptResult] = []
-            savepoints = await message_savepoints(batch.conn)
-            for row in rows:
-                if row.id not in held:
-                    log.warning(
-                        "claim lost before its handlers ran (reaped or claimed again); skipped",
-                        extra={"source": row.source, "message_id": row.message_id, "id": row.id},
+        results: list[AttemptResult] = []
+        async with batch_transaction(self.engine) as conn:
+            held = await hold_claimed(conn, rows)
+            async with handler_scope(conn) as (session, savepoints):
+                for row in rows:
+                    if row.id not in held:
+                        log.warning(
+                            "claim lost before its handlers ran (reaped or claimed again); skipped",
+                            extra={
+                                "source": row.source,
+                                "message_id": row.message_id,
+                                "id": row.id,
+                            },
+                        )
+                        continue
+                    result, _ = await run_handlers(
+                        session, savepoints, self.pipelines[row.source], row
                     )
-                    continue
-                result, _ = await run_handlers(
-                    batch.session, savepoints, self.pipelines[row.source], row
-                )
-                results.append(result)
-            await savepoints.flush()
-            await finish_attempts(batch.conn, results, self.actor, leased=True)
+                    results.append(result)
+                await savepoints.flush()
+            await finish_attempts(conn, results, self.actor, leased=True)
         # Committed: effects and processed marks together.
         self._count(rows, results)
 
@@ -297,10 +304,15 @@ class Worker:
             failed_attempt(
                 row.id,
                 row.attempts + 1,
-                self.pipelines[row.source],
+                retry_failure(
+                    row.attempts + 1,
+                    self.pipelines[row.source].config,
+                    "TransactionFailed",
+                    error,
+                    None,
+                ),
                 now,
-                "TransactionFailed",
-                error,
+                now,
             )
             for row in rows
         ]
@@ -361,12 +373,16 @@ class Worker:
                 failed_attempt(
                     message_id,
                     attempts,
-                    self.pipelines[source],
+                    retry_failure(
+                        attempts,
+                        self.pipelines[source].config,
+                        "AttemptNeverFinished",
+                        NEVER_FINISHED,
+                        None,
+                        abandoned=True,
+                    ),
                     now,
-                    "AttemptNeverFinished",
-                    "the attempt never finished: its worker process exited or was killed, or "
-                    "lost the database, before recording an outcome (claim expired)",
-                    outcome="abandoned",
+                    now,
                     unfinished=True,
                 )
                 for message_id, source, attempts in expired
@@ -375,30 +391,3 @@ class Worker:
         if results:
             log.warning("expired claims reaped", extra={"count": len(results)})
         return len(results)
-
-
-def failed_attempt(
-    message_id: int,
-    attempt: int,
-    pipeline: Pipeline,
-    now: datetime,
-    error_type: str,
-    error: str,
-    *,
-    outcome: str = "failed",
-    unfinished: bool = False,
-) -> AttemptResult:
-    """A failed attempt without a Python exception of the handler's: retrying, or dead."""
-    failure = retry_failure(attempt, pipeline.config, error_type, error, None)
-    return AttemptResult(
-        message_id,
-        attempt,
-        failure.status,
-        outcome if failure.status == "retrying" else "dead",
-        now,
-        now,
-        delay_seconds=failure.delay_seconds,
-        error_type=failure.error_type,
-        error=failure.error,
-        unfinished=unfinished,
-    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from service.api.admin import messages, operations
-from service.core.problems import problem_responses
-from service.core.security import require_admin
+from service.api.problems import problem_responses
+from service.api.security import require_admin
 
 router = APIRouter(
     prefix="/admin",

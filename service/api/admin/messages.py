@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query
 
+from service.api.admin.cursor import CursorError, decode_cursor, encode_cursor
 from service.api.admin.models import (
     MAX_ID,
     MAX_PAYLOAD_DEPTH,
@@ -28,12 +29,12 @@ from service.api.admin.models import (
     RetryRequest,
     RetryResult,
 )
-from service.core.cursor import CursorError, Position, decode_cursor, encode_cursor
-from service.core.problems import ProblemError, problem_responses
-from service.core.security import Admin, AdminDep
-from service.core.state import AppState, StateDep
+from service.api.problems import ProblemError, problem_responses
+from service.api.security import Admin, AdminDep
+from service.api.state import AppState, StateDep
+from service.core.schema import Status
 from service.store import admin as store
-from service.store.admin import MessageFilter
+from service.store.admin import MessageFilter, Position
 
 log = logging.getLogger("service.admin")
 
@@ -108,7 +109,7 @@ async def list_dead_letters(
     state: StateDep, query: Annotated[DeadLetterQuery, Query()]
 ) -> MessagePage:
     """List dead messages (attempts exhausted or failed permanently), newest first."""
-    filters = to_filter(query, ["dead"])
+    filters = to_filter(query, [Status.DEAD])
     return await page(state, "dead-letters", filters, query.limit, query.cursor)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-Status = Literal["pending", "processing", "processed", "retrying", "dead", "discarded"]
+from service.core.schema import Status
 
 MAX_ID = 2**63 - 1  # inbox ids are PostgreSQL bigints
 # JSON nested deeper than this is shown as `body_base64`: pydantic will not serialise past

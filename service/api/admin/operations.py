@@ -20,10 +20,11 @@ from service.api.admin.models import (
     SourceStats,
     Stats,
 )
-from service.core.state import StateDep
-from service.retention import prune
-from service.sources import Source
+from service.api.state import StateDep
+from service.core.schema import UNFINISHED
+from service.sources.base import AnySource
 from service.store import admin as store
+from service.worker.retention import prune
 
 router = APIRouter(tags=["admin: operations"])
 
@@ -33,7 +34,7 @@ async def stats(state: StateDep) -> Stats:
     """Count messages by source and status; show the backlog's age and last hour's attempts."""
     groups = await store.status_counts(state.engine)
     attempts, failures, admin_actions = await store.recent_attempts(state.engine)
-    by_status = dict.fromkeys(store.STATUSES, 0)
+    by_status: dict[str, int] = dict.fromkeys(store.STATUSES, 0)
     per_source: dict[str, SourceStats] = {}
     for group in groups:
         by_status[group.status] = by_status.get(group.status, 0) + group.count
@@ -43,7 +44,7 @@ async def stats(state: StateDep) -> Stats:
         )
         entry.counts[group.status] = group.count
         entry.total += group.count
-        if group.status in store.UNFINISHED:
+        if group.status in UNFINISHED:
             entry.oldest_pending_age_seconds = max(
                 entry.oldest_pending_age_seconds or 0.0, group.oldest_age_seconds
             )
@@ -76,7 +77,7 @@ def without_password(url: str) -> str:
     return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
 
 
-def describe(source: Source) -> SourceInfo:
+def describe(source: AnySource) -> SourceInfo:
     config = source.config
     handlers = [HandlerInfo(target=t, event_types=["*"]) for t in config.handlers]
     handlers += [

@@ -23,8 +23,8 @@ from service.api.console.session import (
     session_key,
 )
 from service.api.console.templating import page
-from service.core.security import Admin
-from service.core.state import AppState, StateDep
+from service.api.security import Admin
+from service.api.state import AppState, StateDep
 
 SIGN_IN_PATH = "/console/sign-in"
 FORM_MAX_BYTES = 64 * 1024  # filters and a token: a few hundred bytes in practice

@@ -14,8 +14,8 @@ from service.api.console.access import ActionDep, ConsoleError, Operator
 from service.api.console.pages import bulk_retry_request, load_message, message_number
 from service.api.console.templating import page
 from service.api.console.views import FILTER_KEYS, url
-from service.core.problems import ProblemError
-from service.core.state import AppState, StateDep
+from service.api.problems import ProblemError
+from service.api.state import AppState, StateDep
 
 router = APIRouter()
 

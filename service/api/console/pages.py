@@ -31,8 +31,9 @@ from service.api.console import views
 from service.api.console.access import ConsoleError, OperatorDep
 from service.api.console.templating import fragment, page
 from service.api.console.views import FILTER_KEYS, PAGING_KEYS, url
-from service.core.problems import ProblemError
-from service.core.state import AppState, StateDep
+from service.api.problems import ProblemError
+from service.api.state import AppState, StateDep
+from service.core.schema import UNFINISHED
 from service.store import admin as store
 
 router = APIRouter()
@@ -76,7 +77,7 @@ async def overview_context(state: AppState) -> dict[str, Any]:
     ]
     return {
         "stats": stats,
-        "backlog": sum(stats.by_status.get(s, 0) for s in store.UNFINISHED),
+        "backlog": sum(stats.by_status.get(s, 0) for s in UNFINISHED),
         "chart": views.chart(activity.minutes),
         "sources": rows,
         "statuses": store.STATUSES,
@@ -176,7 +177,7 @@ async def load_message(state: AppState, text: str) -> MessageDetail:
 
 def message_state(message: MessageDetail, csrf: str) -> dict[str, Any]:
     """What the refreshed part of a message's page needs: its summary, actions and history."""
-    unfinished = message.status in store.UNFINISHED
+    unfinished = message.status in UNFINISHED
     return {
         "m": message,
         "csrf": csrf,

@@ -20,8 +20,8 @@ from service.api.console.access import (
 )
 from service.api.console.session import Session, csrf_matches, csrf_token, new_session
 from service.api.console.templating import page
-from service.core.security import matching_token, token_fingerprint
-from service.core.state import AppState, StateDep
+from service.api.security import matching_token, token_fingerprint
+from service.api.state import AppState, StateDep
 
 log = logging.getLogger("service.console")
 

@@ -1,0 +1,43 @@
+"""What the app shares between requests, built in the lifespan and reached through `StateDep`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.core.metrics import Metrics
+from service.core.settings import Settings
+from service.processing.pipeline import Pipeline
+from service.sources.config_file import InboxConfig
+from service.store.group_commit import GroupCommitter
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    inbox: InboxConfig
+    engine: AsyncEngine
+    committer: GroupCommitter
+    head_revision: str | None
+    metrics: Metrics = field(default_factory=Metrics)
+    # Admin bearer tokens in force (configured or generated); never logged or answered.
+    admin_tokens: list[str] = field(default_factory=list, repr=False)
+    # Signs the admin listings' cursors; see `service.api.admin.cursor.cursor_key`.
+    cursor_key: bytes = field(default=b"", repr=False)
+    pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
+    # Under `serve`: the supervisor's file of live children, which `/readyz` reads.
+    processing_state: Path | None = None
+
+
+async def get_state(request: Request) -> AppState:
+    # async: FastAPI runs a plain `def` dependency in a thread pool, a hop per request.
+    state: AppState = request.app.state.inbox
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]

@@ -1,0 +1,188 @@
+"""The inbox's tables, declared once: SQLModel models that Alembic's migrations must match.
+
+The hot statements (group-commit insert, claim, finish) are hand-written SQL over these
+tables, not an ORM unit of work; the models are the schema's single description, checked
+against `alembic upgrade head` by a test that compares `pg_dump --schema-only` of both.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+
+class Status(StrEnum):
+    """Where a message is (SPEC §5)."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    PROCESSED = "processed"
+    RETRYING = "retrying"
+    DEAD = "dead"
+    DISCARDED = "discarded"
+
+
+# Claimable by a worker: new, or failed and waiting for their next attempt.
+DUE = (Status.PENDING, Status.RETRYING)
+# Not finished yet: what the backlog is made of.
+UNFINISHED = (Status.PENDING, Status.RETRYING, Status.PROCESSING)
+
+
+def sql_list(statuses: tuple[Status, ...] | list[Status]) -> str:
+    """`'pending', 'retrying'` for an SQL `IN (...)`: the statuses are ours, never input."""
+    return ", ".join(f"'{status.value}'" for status in statuses)
+
+
+def _now() -> Any:
+    return text("now()")
+
+
+class InboxTable(SQLModel):
+    """The inbox's own metadata, apart from `SQLModel.metadata`, where handler authors'
+    tables go: Alembic compares the migrations with these tables only."""
+
+    metadata = MetaData()
+
+
+class MessageRecord(InboxTable, table=True):
+    """`inbox_messages`: one row per `(source, message_id)`, the dedup key."""
+
+    __tablename__ = "inbox_messages"
+    __table_args__ = (
+        # The dedup key: ingest's INSERT ... ON CONFLICT DO NOTHING relies on it.
+        UniqueConstraint("source", "message_id", name="inbox_messages_source_message_id_key"),
+        CheckConstraint(
+            "length(message_id) BETWEEN 1 AND 512", name="inbox_messages_message_id_check"
+        ),
+        CheckConstraint(
+            f"status IN ({sql_list(list(Status))})", name="inbox_messages_status_check"
+        ),
+        # The worker's "due messages" query: a small partial index over the unfinished rows.
+        Index(
+            "inbox_messages_due_idx",
+            "next_attempt_at",
+            "id",
+            postgresql_where=text(f"status IN ({sql_list(DUE)})"),
+        ),
+        # Expired claims of crashed workers.
+        Index(
+            "inbox_messages_lease_idx",
+            "locked_until",
+            postgresql_where=text(f"status = '{Status.PROCESSING.value}'"),
+        ),
+        # Admin listing: newest first, overall and by source / status; retention by age.
+        Index("inbox_messages_received_idx", text("received_at DESC"), text("id DESC")),
+        Index(
+            "inbox_messages_source_received_idx",
+            "source",
+            text("received_at DESC"),
+            text("id DESC"),
+        ),
+        Index(
+            "inbox_messages_status_received_idx",
+            "status",
+            text("received_at DESC"),
+            text("id DESC"),
+        ),
+        Index("inbox_messages_event_type_idx", "event_type"),
+    )
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(BigInteger, Identity(always=True), primary_key=True),
+    )
+    source: str = Field(sa_column=Column(Text, nullable=False))
+    message_id: str = Field(sa_column=Column(Text, nullable=False))
+    event_type: str | None = Field(default=None, sa_column=Column(Text))
+    status: str = Field(
+        default=Status.PENDING.value,
+        sa_column=Column(Text, nullable=False, server_default=text("'pending'")),
+    )
+    attempts: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    receive_count: int = Field(
+        default=1, sa_column=Column(Integer, nullable=False, server_default=text("1"))
+    )
+    received_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    last_received_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    next_attempt_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    locked_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    processed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        sa_column=Column(JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    )
+    body: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    content_type: str | None = Field(default=None, sa_column=Column(Text))
+    # Set when an expired claim is reaped (its worker died or hung mid-attempt), cleared when
+    # an attempt finishes: such a message is claimed on its own (0002).
+    run_alone: bool = Field(
+        default=False,
+        sa_column=Column(Boolean, nullable=False, server_default=text("false")),
+    )
+
+
+class AttemptRecord(InboxTable, table=True):
+    """`inbox_attempts`: one row per processing attempt or admin action on a message."""
+
+    __tablename__ = "inbox_attempts"
+    __table_args__ = (
+        Index("inbox_attempts_message_idx", "message_id", "id"),
+        Index("inbox_attempts_started_idx", "started_at"),
+    )
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(BigInteger, Identity(always=True), primary_key=True),
+    )
+    message_id: int = Field(
+        sa_column=Column(
+            BigInteger,
+            ForeignKey("inbox_messages.id", ondelete="CASCADE"),
+            nullable=False,
+        )
+    )
+    attempt: int = Field(sa_column=Column(Integer, nullable=False))
+    started_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    outcome: str = Field(sa_column=Column(Text, nullable=False))
+    error_type: str | None = Field(default=None, sa_column=Column(Text))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    traceback: str | None = Field(default=None, sa_column=Column(Text))
+    duration_ms: float | None = Field(default=None, sa_column=Column(Double))
+    actor: str | None = Field(default=None, sa_column=Column(Text))
+
+
+metadata = InboxTable.metadata

@@ -1,0 +1,78 @@
+"""Process settings, from the environment (SPEC §2), validated before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded as the one line printed before start-up stops."""
+
+
+class Settings(BaseSettings):
+    """Process settings, from the environment (SPEC §2)."""
+
+    model_config = SettingsConfigDict(env_prefix="INBOX_", extra="ignore", populate_by_name=True)
+
+    database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    config: Path = Path("inbox.toml")
+    data_dir: Path = Path(".inbox")
+    admin_tokens: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_body_bytes: int = Field(default=MIB, ge=1024)
+    log_level: str = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    db_pool_size: int = Field(default=10, ge=1, le=200)
+    db_timeout_seconds: float = Field(default=5.0, gt=0)
+    # Group commit: transactions writing deliveries at once, and deliveries allowed to wait
+    # for them before ingest answers 503 (backpressure).
+    ingest_flushers: int = Field(default=2, ge=1, le=32)
+    ingest_max_queued: int = Field(default=5000, ge=1)
+    # Slow and broken clients: the whole body must arrive within this many seconds (else 408),
+    # and a server process takes at most this many concurrent connections (else 503).
+    body_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_connections: int = Field(default=1000, ge=1)
+    # The worker (SPEC §5): concurrent claim loops, messages per claim, polling fallback period,
+    # how long in-flight batches may run on at shutdown, and how long a forward's lease outlives
+    # its HTTP timeout.
+    worker_concurrency: int = Field(default=4, ge=1, le=256)
+    worker_batch_size: int = Field(default=100, ge=1, le=10_000)
+    worker_poll_seconds: float = Field(default=2.0, gt=0, le=3600)
+    worker_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
+    worker_lease_margin_seconds: float = Field(default=30.0, ge=0, le=3600)
+
+    @property
+    def config_is_set(self) -> bool:
+        """Whether INBOX_CONFIG (or the caller) named the sources file: then it must exist."""
+        return "config" in self.model_fields_set
+
+    @field_validator("admin_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        return value or None
+
+
+def format_validation_error(prefix: str, err: ValidationError) -> str:
+    """The first error of `err` as `prefix.field: message`, the one line a user needs."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif message.startswith("Value error, "):
+        message = message.removeprefix("Value error, ")
+    return f"{loc}: {message}"

@@ -1,0 +1,115 @@
+"""The sources file's models: a source's keys, its handlers and forward, and retention."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+
+from service.core.settings import ConfigError
+
+# Values people leave in a config file meaning "fill me in"; starting with one would make
+# every delivery verify against a guessable key.
+_PLACEHOLDERS = frozenset(
+    {"changeme", "change-me", "change_me", "secret", "password", "xxx", "todo", "replace-me"}
+)
+
+
+def resolve_secret(value: Any) -> Any:
+    """Read `env:NAME` from the environment and refuse empty or placeholder secrets."""
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if not isinstance(value, str):
+        return value
+    if value.startswith("env:"):
+        name = value[4:]
+        if not name:
+            raise ValueError("'env:' needs a variable name, as in env:STRIPE_WEBHOOK_SECRET")
+        if name not in os.environ:
+            raise ValueError(f"environment variable {name} is not set")
+        value = os.environ[name]
+        if not value.strip():
+            raise ValueError(f"environment variable {name} is empty")
+    if not value.strip():
+        raise ValueError("secret is empty")
+    if value.strip().lower() in _PLACEHOLDERS or value.startswith("<"):
+        raise ValueError("secret is a placeholder; set a real value")
+    return value
+
+
+Secret = Annotated[SecretStr, BeforeValidator(resolve_secret)]
+
+
+class HandlerSpec(BaseModel):
+    """One `[[sources.X.handler]]` entry: a `module:function` for the event types it matches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: str = Field(pattern=r"^[\w.]+:[\w]+$")
+    event_types: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+
+
+class ForwardConfig(BaseModel):
+    """`[sources.X.forward]`: deliver each message to an internal HTTP endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+
+
+class SourceConfig(BaseModel):
+    """Keys every kind accepts; a kind's module subclasses this with its own keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    secrets: list[Secret] = Field(default_factory=list)
+    token: Secret | None = None
+    tolerance_seconds: int = Field(default=300, ge=1, le=86_400)
+    mode: Literal["async", "sync"] = "async"
+    max_attempts: int = Field(default=10, ge=1, le=1000)
+    # A hung handler would hold its batch's transaction (and row locks) for ever: past this,
+    # its attempt fails and is retried like any other failure.
+    handler_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    backoff_base_seconds: float = Field(default=2.0, gt=0, le=86_400)
+    backoff_max_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)
+    handlers: list[Annotated[str, Field(pattern=r"^[\w.]+:[\w]+$")]] = Field(default_factory=list)
+    handler: list[HandlerSpec] = Field(default_factory=list)
+    forward: ForwardConfig | None = None
+
+    def secret_values(self) -> list[bytes]:
+        return [s.get_secret_value().encode() for s in self.secrets]
+
+
+class RetentionConfig(BaseModel):
+    """`[retention]`: how long processed, discarded and dead rows are kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    processed_days: float = Field(default=30, gt=0)
+    dead_days: float | None = Field(default=None, gt=0)
+
+
+def read_toml(path: Path, *, required: bool = False) -> dict[str, Any]:
+    """Parse the sources file; a missing one is an empty configuration unless `required`."""
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(
+                f"{path}: no such file (INBOX_CONFIG names it; unset INBOX_CONFIG to start "
+                "without sources)"
+            ) from None
+        return {}
+    except IsADirectoryError:
+        # What `docker compose` mounts when the file it was told to mount does not exist.
+        raise ConfigError(f"{path}: is a directory, not a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc

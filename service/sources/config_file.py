@@ -1,0 +1,106 @@
+"""The sources file: each `[sources.X]` table built into a verified `Source`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.core.settings import ConfigError, format_validation_error
+from service.sources import KINDS
+from service.sources.base import AnySource
+from service.sources.config import RetentionConfig, read_toml
+
+_SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+@dataclass(frozen=True)
+class InboxConfig:
+    """What the sources file says: the sources by name, and retention."""
+
+    sources: Mapping[str, AnySource] = field(default_factory=dict)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+
+
+def build_source(name: str, table: Any) -> AnySource:
+    """Validate one `[sources.NAME]` table with its kind's own model and build the source."""
+    where = f"sources.{name}"
+    if not name or not set(name) <= _SOURCE_NAME_CHARS:
+        raise ConfigError(f"{where}: a source name uses only a-z, 0-9, '-' and '_'")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table")
+    kind = table.get("kind")
+    if kind is None:
+        raise ConfigError(f"{where}.kind: missing; one of {', '.join(sorted(KINDS))}")
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ConfigError(f"{where}.kind: unknown kind {kind!r}; one of {', '.join(sorted(KINDS))}")
+    try:
+        config = cls.config_model.model_validate(table)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(where, exc)) from None
+    return cls(name, config)
+
+
+def unconfigured_source_floor_days() -> float:
+    """The redelivery floor for rows of a source no longer configured: the longest of any kind."""
+    return max(cls.redelivery_days for cls in KINDS.values())
+
+
+def _days(value: float) -> str:
+    return f"{value:g} day" + ("" if value == 1 else "s")
+
+
+def check_retention_floors(sources: Mapping[str, AnySource], retention: RetentionConfig) -> None:
+    """Refuse a retention shorter than a source's redelivery window.
+
+    Pruning a row while its sender may still redeliver the message removes its dedup key, and
+    the redelivery would be accepted and processed a second time.
+    """
+    for name, source in sources.items():
+        floor = source.redelivery_days
+        for key, days in (
+            ("processed_days", retention.processed_days),
+            ("dead_days", retention.dead_days),
+        ):
+            if days is not None and days < floor:
+                raise ConfigError(
+                    f"retention.{key}: {_days(days)} is shorter than the {_days(floor)} a "
+                    f"{source.kind} sender may redeliver a message (source {name!r}); pruning "
+                    f"sooner would let a redelivery be processed twice, so set at least {floor:g}"
+                )
+
+
+def parse_inbox_config(raw: Mapping[str, Any]) -> InboxConfig:
+    """Build the configuration from a parsed TOML document."""
+    unknown = set(raw) - {"sources", "retention"}
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown key")
+    sources_table = raw.get("sources", {})
+    if not isinstance(sources_table, dict):
+        raise ConfigError("sources: must be a table of [sources.NAME] tables")
+    sources = {name: build_source(name, table) for name, table in sources_table.items()}
+    try:
+        retention = RetentionConfig.model_validate(raw.get("retention", {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error("retention", exc)) from None
+    check_retention_floors(sources, retention)
+    return InboxConfig(sources=sources, retention=retention)
+
+
+def load_inbox_config(path: Path, *, required: bool = False) -> InboxConfig:
+    """Read and build the sources file at `path`; each error names the file, source and field.
+
+    A missing file is no sources unless `required` (INBOX_CONFIG named it): a mistyped path
+    must not start a service that answers every delivery 404.
+    """
+    try:
+        return parse_inbox_config(read_toml(path, required=required))
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(
+            message if message.startswith(str(path)) else f"{path}: {message}"
+        ) from None

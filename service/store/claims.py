@@ -1,0 +1,374 @@
+"""The worker's SQL: claim due messages, lease forwards, record attempts, reap expired leases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from sqlalchemy import text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.core.schema import DUE, Status
+from service.store.errors import translate_errors
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    """A message as the worker (or sync ingest) runs it; `attempts` = attempts made before."""
+
+    id: int
+    source: str
+    message_id: str
+    event_type: str | None
+    attempts: int
+    headers: dict[str, str]
+    body: bytes
+    content_type: str | None
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """How one attempt ended, to be written to the message row and inbox_attempts."""
+
+    id: int
+    attempt: int
+    status: Status  # processed, retrying or dead
+    outcome: str  # inbox_attempts.outcome
+    started_at: datetime
+    finished_at: datetime
+    delay_seconds: float | None = None
+    error_type: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    # The attempt never finished (its claim expired): the message's next attempt runs alone.
+    unfinished: bool = False
+
+    @property
+    def duration_ms(self) -> float:
+        return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
+
+
+SAVEPOINT = "inbox_message"
+# A cancel request for another backend: a no-op if it is idle, else its statement fails.
+CANCEL_BACKEND = text("SELECT pg_cancel_backend(:pid)")
+
+
+class MessageSavepoints:
+    """One SAVEPOINT per message, issued on the driver's connection under one fixed name.
+
+    SQLAlchemy's nested transactions name each savepoint afresh (sa_savepoint_1, _2, ...) and
+    send SAVEPOINT and RELEASE as prepared statements: two round trips per message, plus a
+    Parse of each new name, and a batch's 200 names flush the connection's statement cache
+    (the handlers' own statements with them). Here they are plain simple-query commands, and
+    a message's RELEASE (or ROLLBACK TO) waits to share a round trip with the next message's
+    SAVEPOINT or with `flush()`: one round trip per message instead of four or more.
+    """
+
+    def __init__(self, driver: asyncpg.Connection, engine: AsyncEngine) -> None:
+        self._driver = driver
+        self._engine = engine
+        self._pending = ""
+        self._timeout_set = False
+
+    async def begin(self, statement_timeout_ms: int | None = None) -> None:
+        """Open the next message's savepoint (ending the previous one's in the same trip).
+
+        `statement_timeout_ms` bounds each of the message's statements on the server, so a
+        handler stuck in one (a lock wait, `pg_sleep`) is cancelled there, not only abandoned
+        by its client; a ROLLBACK TO the savepoint undoes the setting with the rest.
+        """
+        if not self._driver.is_in_transaction():
+            raise RuntimeError("a message savepoint needs the batch's transaction to have begun")
+        command = self._pending + f"SAVEPOINT {SAVEPOINT}"
+        if statement_timeout_ms is not None:
+            command += f"; SET LOCAL statement_timeout = {int(statement_timeout_ms)}"
+            self._timeout_set = True
+        self._pending = ""
+        await self._driver.execute(command)
+
+    def release(self) -> None:
+        """Keep the message's effects (sent with the next begin or flush)."""
+        self._pending = f"RELEASE SAVEPOINT {SAVEPOINT}; "
+
+    def rollback(self) -> None:
+        """Undo the message's effects (sent with the next begin or flush). Until then nothing
+        else may run on the connection: an aborted transaction refuses every other statement.
+        """
+        self._pending = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}; "
+
+    async def cancel_statement(self) -> None:
+        """Cancel the statement running on this connection, if one is, from another connection
+        (the server answers it with an error; the transaction survives to its savepoint)."""
+        async with translate_errors(), self._engine.connect() as other:
+            await other.execute(CANCEL_BACKEND, {"pid": self._driver.get_server_pid()})
+
+    async def flush(self) -> None:
+        """Send a pending release or rollback now (before the batch's own statements), and
+        lift the last message's statement timeout off them."""
+        command, self._pending = self._pending, ""
+        if self._timeout_set:
+            command += "SET LOCAL statement_timeout TO DEFAULT"
+            self._timeout_set = False
+        if command:
+            await self._driver.execute(command)
+
+
+async def message_savepoints(conn: AsyncConnection) -> MessageSavepoints:
+    """Savepoints on `conn`'s driver connection; its transaction must have begun already."""
+    raw = await conn.get_raw_connection()
+    driver = raw.driver_connection
+    assert isinstance(driver, asyncpg.Connection)
+    return MessageSavepoints(driver, conn.engine)
+
+
+@asynccontextmanager
+async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A transaction committed when the block exits normally, rolled back otherwise."""
+    async with translate_errors(), engine.connect() as conn, conn.begin():
+        yield conn
+
+
+# Claiming counts the attempt and commits before any handler runs (as Oban and River do), so
+# an attempt that never finishes (the process killed, the machine lost, a handler that kills
+# its worker) is still counted and its message still reaches the dead letters. The claim is a
+# lease: `processing` until `locked_until`, then the reaper finishes it as abandoned. SKIP
+# LOCKED: rows another worker holds are not waited for, so concurrent workers (threads or
+# processes) take disjoint batches. Ordered on the partial due index (0001). A message whose
+# last attempt never finished (`run_alone`) is claimed only with `alone`, one at a time.
+CLAIM_DUE = text(
+    """
+    WITH due AS (
+        SELECT id
+          FROM inbox_messages
+         WHERE status IN ('pending', 'retrying')
+           AND next_attempt_at <= now()
+           AND source = ANY(CAST(:sources AS text[]))
+           AND run_alone = :alone
+         ORDER BY next_attempt_at, id
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE inbox_messages AS m
+       SET status = 'processing',
+           attempts = m.attempts + 1,
+           locked_until = clock_timestamp() + l.lease * interval '1 second'
+      FROM due, unnest(CAST(:sources AS text[]), CAST(:leases AS float8[])) AS l(source, lease)
+     WHERE m.id = due.id
+       AND m.source = l.source
+    RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
+              m.headers, m.body, m.content_type
+    """
+).columns(headers=JSONB)
+
+
+async def claim_due(
+    engine: AsyncEngine, leases: Mapping[str, float], limit: int, *, alone: bool = False
+) -> list[MessageRow]:
+    """Lease up to `limit` due messages of the sources in `leases` (seconds each), in id order.
+
+    Committed at once (one autocommitted statement): the attempts count up by one before
+    anything runs. `alone`: claim among the messages whose last attempt never finished.
+    """
+    params = {
+        "sources": list(leases),
+        "leases": list(leases.values()),
+        "limit": limit,
+        "alone": alone,
+    }
+    async with translate_errors(), engine.connect() as conn:
+        autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        rows = (await autocommit.execute(CLAIM_DUE, params)).all()
+    claimed = [
+        MessageRow(
+            id=r.id,
+            source=r.source,
+            message_id=r.message_id,
+            event_type=r.event_type,
+            attempts=r.attempts,
+            headers=r.headers or {},
+            body=bytes(r.body),
+            content_type=r.content_type,
+        )
+        for r in rows
+    ]
+    claimed.sort(key=lambda row: row.id)
+    return claimed
+
+
+# The fence before handlers run: lock the claimed rows this attempt still owns (status and
+# attempts as claimed). A row whose lease expired and was reaped, or claimed again, is left
+# out, so a late attempt never commits its effects over a newer one. Once locked, a row is
+# skipped by the reaper and by other claims until this transaction ends, however long it runs.
+HOLD_CLAIMED = text(
+    """
+    SELECT m.id
+      FROM inbox_messages AS m
+      JOIN unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
+        ON m.id = c.id
+     WHERE m.status = 'processing'
+       AND m.attempts = c.attempts
+     ORDER BY m.id
+       FOR UPDATE OF m
+    """
+)
+
+
+async def hold_claimed(conn: AsyncConnection, rows: Sequence[MessageRow]) -> set[int]:
+    """Lock `rows` for this transaction; the ids still owned by their claimed attempt."""
+    params = {"ids": [r.id for r in rows], "attempts": [r.attempts + 1 for r in rows]}
+    return {r.id for r in await conn.execute(HOLD_CLAIMED, params)}
+
+
+# The worker's cheap look, every poll: is a message that must run alone due?
+ALONE_DUE = text(
+    """
+    SELECT EXISTS (
+        SELECT 1
+          FROM inbox_messages
+         WHERE status IN ('pending', 'retrying')
+           AND next_attempt_at <= now()
+           AND source = ANY(CAST(:sources AS text[]))
+           AND run_alone
+    )
+    """
+)
+
+
+async def alone_due(engine: AsyncEngine, sources: Sequence[str]) -> bool:
+    async with translate_errors(), engine.connect() as conn:
+        return bool((await conn.execute(ALONE_DUE, {"sources": list(sources)})).scalar())
+
+
+# One round trip records a whole batch: the status update and the attempt rows. The update is
+# fenced on the attempts count and status the caller saw, so the outcome of a lease that expired
+# and was claimed again by someone else is dropped instead of overwriting the newer attempt.
+# An attempt that finished clears `run_alone`; one reaped unfinished sets it.
+FINISH_ATTEMPTS = text(
+    """
+    WITH finished AS (
+        UPDATE inbox_messages AS m
+           SET status = u.status,
+               attempts = u.attempt,
+               next_attempt_at = CASE WHEN u.status = 'retrying'
+                                      THEN clock_timestamp() + u.delay * interval '1 second'
+                                      ELSE m.next_attempt_at END,
+               processed_at = CASE WHEN u.status = 'processed' THEN clock_timestamp() END,
+               locked_until = NULL,
+               last_error = u.last_error,
+               run_alone = u.unfinished
+          FROM unnest(CAST(:ids AS bigint[]), CAST(:statuses AS text[]),
+                      CAST(:attempts AS int[]), CAST(:expected AS int[]),
+                      CAST(:delays AS float8[]), CAST(:last_errors AS text[]),
+                      CAST(:unfinished AS boolean[]))
+               AS u(id, status, attempt, expected, delay, last_error, unfinished)
+         WHERE m.id = u.id
+           AND m.attempts = u.expected
+           AND m.status = ANY(CAST(:from_statuses AS text[]))
+     RETURNING m.id
+    )
+    INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
+                                error_type, error, traceback, duration_ms, actor)
+    SELECT a.id, a.attempt, a.started_at, a.finished_at, a.outcome,
+           a.error_type, a.error, a.traceback, a.duration_ms, :actor
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
+                  CAST(:started AS timestamptz[]), CAST(:finished AS timestamptz[]),
+                  CAST(:outcomes AS text[]), CAST(:error_types AS text[]),
+                  CAST(:errors AS text[]), CAST(:tracebacks AS text[]),
+                  CAST(:durations AS float8[]))
+           AS a(id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
+                duration_ms)
+      JOIN finished USING (id)
+    RETURNING message_id
+    """
+)
+
+UNLEASED = list(DUE)
+LEASED = [Status.PROCESSING]
+
+
+async def finish_attempts(
+    conn: AsyncConnection,
+    results: Sequence[AttemptResult],
+    actor: str,
+    *,
+    leased: bool = False,
+) -> set[int]:
+    """Write `results`; the ids actually updated (a lost lease is left out).
+
+    `leased`: the attempts were counted when the rows were claimed (the worker); otherwise
+    the rows were inserted by this transaction (sync mode) and the attempt counts now.
+    """
+    if not results:
+        return set()
+    params: dict[str, Any] = {
+        "ids": [r.id for r in results],
+        "statuses": [r.status for r in results],
+        "attempts": [r.attempt for r in results],
+        "expected": [r.attempt if leased else r.attempt - 1 for r in results],
+        "delays": [r.delay_seconds for r in results],
+        "unfinished": [r.unfinished for r in results],
+        "last_errors": [
+            None if r.status == Status.PROCESSED else last_error_line(r) for r in results
+        ],
+        "from_statuses": LEASED if leased else UNLEASED,
+        "started": [r.started_at for r in results],
+        "finished": [r.finished_at for r in results],
+        "outcomes": [r.outcome for r in results],
+        "error_types": [r.error_type for r in results],
+        "errors": [r.error for r in results],
+        "tracebacks": [r.traceback for r in results],
+        "durations": [r.duration_ms for r in results],
+        "actor": actor,
+    }
+    rows = await conn.execute(FINISH_ATTEMPTS, params)
+    return {row.message_id for row in rows}
+
+
+def last_error_line(result: AttemptResult) -> str | None:
+    if result.error_type is None:
+        return result.error
+    return f"{result.error_type}: {result.error}" if result.error else result.error_type
+
+
+async def record_results(
+    engine: AsyncEngine, results: Sequence[AttemptResult], actor: str, *, leased: bool
+) -> set[int]:
+    """`finish_attempts` in a short transaction of its own."""
+    async with translate_errors(), engine.begin() as conn:
+        return await finish_attempts(conn, results, actor, leased=leased)
+
+
+# Leases whose holder is gone (killed, partitioned, or just too slow): SKIP LOCKED so that
+# several workers reaping at once split them; each is then finished as an abandoned attempt.
+EXPIRED_LEASES = text(
+    """
+    SELECT id, source, attempts
+      FROM inbox_messages
+     WHERE status = 'processing'
+       AND locked_until < now()
+       AND source = ANY(CAST(:sources AS text[]))
+     ORDER BY locked_until
+     LIMIT :limit
+       FOR UPDATE SKIP LOCKED
+    """
+)
+
+
+async def expired_leases(
+    conn: AsyncConnection, sources: Sequence[str], limit: int
+) -> list[tuple[int, str, int]]:
+    """Lock up to `limit` expired leases: `(id, source, attempts)`."""
+    rows = await conn.execute(EXPIRED_LEASES, {"sources": list(sources), "limit": limit})
+    return [(r.id, r.source, r.attempts) for r in rows]
+
+
+@asynccontextmanager
+async def short_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A transaction for bookkeeping only (no handler runs in it)."""
+    async with translate_errors(), engine.begin() as conn:
+        yield conn

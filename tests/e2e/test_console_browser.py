@@ -1,0 +1,413 @@
+"""The console in a real browser: Debian's chromium, driven by Playwright, against the real
+`webhook-inbox serve` (HTTP and processing processes) on the test's database.
+
+A browser that cannot start fails these tests; `make test` installs chromium when missing.
+Set CONSOLE_SCREENSHOTS_DIR=docs to refresh the README's screenshots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from service.api.security import token_fingerprint
+from tests.admin_seed import TOKEN, seed
+from tests.console_handlers import DOWN_FLAG_ENV
+from tests.pg import asyncpg_dsn, create_database, drop_database, with_database
+from tests.processing_helpers import create_effects, wait_until
+from tests.server import ServerProcess
+from tests.worker_process import ROOT, wait_listening
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CONSOLE_ACTOR = "console:" + token_fingerprint(TOKEN)
+SETTLE = 30_000  # ms: how long the browser may wait for the worker
+
+SOURCES_TOML = """
+[sources.billing]
+kind = "generic"
+id_json_pointer = "/id"
+event_type_json_pointer = "/type"
+handlers = ["tests.console_handlers:billing"]
+max_attempts = 3
+backoff_base_seconds = 0.05
+backoff_max_seconds = 0.2
+
+[sources.github]
+kind = "generic"
+id_header = "x-github-delivery"
+event_type_header = "x-github-event"
+"""
+
+
+class Console:
+    """A running `serve` and the things a test does to it besides browsing."""
+
+    def __init__(self, server: ServerProcess, down_flag: Path, db: asyncpg.Connection) -> None:
+        self.server = server
+        self.url = server.url
+        self.down_flag = down_flag
+        self.db = db
+
+    def billing_down(self, down: bool) -> None:
+        if down:
+            self.down_flag.touch()
+        else:
+            self.down_flag.unlink(missing_ok=True)
+
+    async def deliver(
+        self, message_id: str, amount: int = 4200, kind: str = "invoice.paid"
+    ) -> None:
+        body = {"id": message_id, "type": kind, "data": {"amount": amount, "customer": "cus_42"}}
+        async with httpx.AsyncClient(base_url=self.url) as client:
+            response = await client.post("/webhooks/billing", json=body)
+        assert response.json()["status"] == "accepted"
+
+    async def status(self, message_id: str) -> str | None:
+        value: str | None = await self.db.fetchval(
+            "SELECT status FROM inbox_messages WHERE message_id = $1", message_id
+        )
+        return value
+
+    async def wait_status(self, message_id: str, status: str) -> None:
+        query = f"SELECT status FROM inbox_messages WHERE message_id = '{message_id}'"
+        await wait_until(self.db, query, status, 30)
+
+    async def row_id(self, message_id: str) -> int:
+        return int(
+            await self.db.fetchval(
+                "SELECT id FROM inbox_messages WHERE message_id = $1", message_id
+            )
+        )
+
+
+@pytest.fixture(scope="module")
+async def console_database(pg_server: str, template_db: str) -> AsyncIterator[str]:
+    """One database for the module's server: starting `serve` costs seconds on a busy machine,
+    so the tests share it and each starts from emptied tables instead."""
+    name = await create_database(pg_server, template=template_db)
+    url = with_database(pg_server, name)
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    await create_effects(conn)
+    await conn.close()
+    yield url
+    await drop_database(pg_server, name)
+
+
+@pytest.fixture(scope="module")
+def serving(
+    console_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerProcess, Path]]:
+    workdir = tmp_path_factory.mktemp("console")
+    config = workdir / "inbox.toml"
+    config.write_text(SOURCES_TOML)
+    down_flag = workdir / "billing-down"
+    env = {
+        "DATABASE_URL": console_database,
+        "INBOX_CONFIG": str(config),
+        "INBOX_ADMIN_TOKENS": TOKEN,
+        "INBOX_WORKER_POLL_SECONDS": "0.2",
+        "PYTHONPATH": str(ROOT),  # the handlers live in tests/
+        DOWN_FLAG_ENV: str(down_flag),
+    }
+    with ServerProcess(env, workdir, startup_timeout=60) as server:
+        yield server, down_flag
+
+
+@pytest.fixture
+async def console(
+    serving: tuple[ServerProcess, Path], console_database: str
+) -> AsyncIterator[Console]:
+    server, down_flag = serving
+    down_flag.unlink(missing_ok=True)
+    conn = await asyncpg.connect(asyncpg_dsn(console_database))
+    await conn.execute("TRUNCATE inbox_messages, inbox_attempts, effects RESTART IDENTITY")
+    await wait_listening(conn, 1)
+    yield Console(server, down_flag, conn)
+    await conn.close()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
+    async with async_playwright() as playwright:
+        # No download: Playwright drives the system's chromium.
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM)
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1366, "height": 900})
+    opened = await context.new_page()
+    dialogs: list[str] = []
+
+    async def refuse(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        await dialog.dismiss()
+
+    opened.on("dialog", refuse)
+    yield opened
+    await context.close()
+    # No page may run a script of a message's (alert, confirm): each would have opened one.
+    assert dialogs == []
+
+
+async def sign_in(page: Page, console: Console, target: str = "/console/") -> None:
+    await page.goto(console.url + target)
+    await page.get_by_label("Admin token").fill(TOKEN)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+
+
+async def dead_letter(console: Console, message_id: str, amount: int = 4200) -> None:
+    console.billing_down(True)
+    await console.deliver(message_id, amount)
+    await console.wait_status(message_id, "dead")
+
+
+async def test_sign_in_with_the_keyboard_and_see_a_dead_letter_on_the_overview(
+    console: Console, page: Page
+) -> None:
+    await dead_letter(console, "evt_1")
+    assert f"console: {console.url}/console/" in console.server.output()  # the banner's link
+    await page.goto(console.url + "/console/")
+    await expect(page).to_have_url(console.url + "/console/sign-in?next=%2Fconsole%2F")
+    token = page.get_by_label("Admin token")
+    await token.fill("not-the-token")
+    await token.press("Enter")
+    await expect(page.get_by_role("alert")).to_have_text("That is not an admin token.")
+    await page.get_by_label("Admin token").fill(TOKEN)
+    await page.get_by_label("Admin token").press("Enter")
+    await expect(page).to_have_url(console.url + "/console/")
+    alert = page.locator(".alert")
+    await expect(alert).to_contain_text("1 dead letter needs an operator")
+    await expect(page.get_by_role("row", name="billing")).to_contain_text("generic")
+    await page.keyboard.press("Tab")
+    await expect(page.locator(":focus")).to_have_text("Skip to content")
+    await alert.get_by_role("link").click()
+    await expect(page).to_have_url(console.url + "/console/dead-letters")
+    group = page.locator("table.groups").get_by_role(
+        "row", name="tests.console_handlers.BillingUnavailable"
+    )
+    await expect(group).to_contain_text("billing API refused the connection for evt_1")
+
+
+async def test_the_overview_updates_itself_when_a_message_dies(
+    console: Console, page: Page
+) -> None:
+    await sign_in(page, console)
+    await expect(page.locator(".calm")).to_have_text("No dead letters.")
+    await dead_letter(console, "evt_live")
+    # No reload: the page's script swaps the figures in within its 5 s period.
+    await expect(page.locator(".alert")).to_contain_text("1 dead letter", timeout=SETTLE)
+
+
+async def test_a_dead_letter_is_read_then_retried_once_its_cause_is_fixed(
+    console: Console, page: Page
+) -> None:
+    await dead_letter(console, "evt_42")
+    await sign_in(page, console, "/console/dead-letters")
+    await page.get_by_role("link", name=str(await console.row_id("evt_42")), exact=True).click()
+    await expect(page.locator("#message-status")).to_have_text("dead")
+    await expect(page.locator("#last-error")).to_contain_text(
+        "BillingUnavailable: billing API refused the connection for evt_42"
+    )
+    await expect(page.locator("#message-body")).to_contain_text('"customer": "cus_42"')
+    history = page.locator("table.history tbody tr")
+    await expect(history).to_have_count(3)
+    traceback = page.locator("table.history details").last
+    await expect(traceback.locator("pre")).to_be_hidden()  # folded
+    await traceback.locator("summary").click()
+    await expect(traceback.locator("pre")).to_contain_text("Traceback (most recent call last)")
+
+    console.billing_down(False)  # the cause, fixed
+    await page.get_by_role("button", name="Retry").click()
+    await expect(page.get_by_role("status")).to_contain_text("Retried")
+    # The page follows the message until it is finished, without a reload.
+    await expect(page.locator("#message-status")).to_have_text("processed", timeout=SETTLE)
+    await expect(history).to_have_count(5)
+    await expect(history.nth(3)).to_contain_text("admin_retry")
+    await expect(history.nth(3)).to_contain_text(CONSOLE_ACTOR)
+    await expect(history.nth(4)).to_contain_text("processed")
+    assert await console.db.fetchval("SELECT count(*) FROM effects") == 1
+
+
+async def test_bulk_retry_of_a_filter_after_its_dry_run_count(console: Console, page: Page) -> None:
+    for i in range(3):
+        await dead_letter(console, f"evt_paid_{i}")
+    console.billing_down(True)
+    await console.deliver("evt_created", kind="invoice.created")
+    await console.wait_status("evt_created", "dead")
+    console.billing_down(False)
+    await sign_in(page, console, "/console/messages")
+    await page.get_by_label("dead").check()
+    await page.get_by_label("Event type").fill("invoice.paid")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page).to_have_url(
+        console.url + "/console/messages?status=dead&event_type=invoice.paid"
+    )
+    await expect(page.locator("table.messages tbody tr")).to_have_count(3)
+    await page.get_by_role("link", name="Retry the failed messages matching these filters…").click()
+    await expect(page.locator("#matched")).to_contain_text("3 messages in status dead")
+    assert await console.status("evt_paid_0") == "dead"  # counting changed nothing
+    await page.get_by_role("button", name="Retry 3 messages").click()
+    await expect(page.locator("#bulk-result")).to_have_text("Retried 3 of 3 matching messages.")
+    for i in range(3):
+        await console.wait_status(f"evt_paid_{i}", "processed")
+    assert await console.status("evt_created") == "dead"
+
+
+async def test_retry_all_of_one_error_type_from_the_dead_letters(
+    console: Console, page: Page
+) -> None:
+    console.billing_down(False)
+    await console.deliver("evt_negative", amount=-5)
+    await console.wait_status("evt_negative", "dead")
+    await dead_letter(console, "evt_down_1")
+    await dead_letter(console, "evt_down_2")
+    console.billing_down(False)
+    await sign_in(page, console, "/console/dead-letters")
+    await expect(
+        page.locator("table.groups").get_by_role("row", name="ValueError")
+    ).to_contain_text("1")
+    group = page.locator("table.groups").get_by_role(
+        "row", name="tests.console_handlers.BillingUnavailable"
+    )
+    await group.get_by_role("link", name="Retry all 2…").click()
+    await expect(page.locator("#matched")).to_contain_text("2 messages")
+    await page.get_by_role("button", name="Retry 2 messages").click()
+    await expect(page.locator("#bulk-result")).to_contain_text("Retried 2 of 2")
+    await console.wait_status("evt_down_1", "processed")
+    await console.wait_status("evt_down_2", "processed")
+    assert await console.status("evt_negative") == "dead"
+
+
+async def test_discard_sets_one_message_aside(console: Console, page: Page) -> None:
+    await dead_letter(console, "evt_discard")
+    await dead_letter(console, "evt_keep")
+    await sign_in(page, console, f"/console/messages/{await console.row_id('evt_discard')}")
+    await page.get_by_role("button", name="Discard").click()
+    await expect(page.get_by_role("status")).to_contain_text("Discarded")
+    await expect(page.locator("#message-status")).to_have_text("discarded")
+    await expect(page.locator("table.history tbody tr").last).to_contain_text(CONSOLE_ACTOR)
+    assert await console.status("evt_discard") == "discarded"
+    assert await console.status("evt_keep") == "dead"
+
+
+async def test_replay_says_the_handlers_run_again_then_runs_them(
+    console: Console, page: Page
+) -> None:
+    await console.deliver("evt_done")
+    await console.wait_status("evt_done", "processed")
+    await sign_in(page, console, f"/console/messages/{await console.row_id('evt_done')}")
+    await page.get_by_role("link", name="Replay…").click()
+    await expect(page.locator(".confirm")).to_contain_text("The handlers run again.")
+    assert await console.db.fetchval("SELECT count(*) FROM effects") == 1
+    await page.get_by_role("button", name="Replay message").click()
+    await expect(page.get_by_role("status")).to_contain_text("Replayed")
+    await expect(page.locator("table.history tbody tr")).to_have_count(3, timeout=SETTLE)
+    await expect(page.locator("#message-status")).to_have_text("processed")
+    assert await console.db.fetchval("SELECT count(*) FROM effects") == 2
+
+
+async def test_after_signing_out_the_console_refuses(console: Console, page: Page) -> None:
+    await sign_in(page, console)
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page.get_by_role("status")).to_have_text("You have signed out.")
+    await page.goto(console.url + "/console/messages")
+    await expect(page).to_have_url(console.url + "/console/sign-in?next=%2Fconsole%2Fmessages")
+    live = await page.request.get(console.url + "/console/overview/live")
+    assert live.status == 401
+
+
+HOSTILE = '<script>alert("body")</script>"><img src=x onerror=alert(1)>'
+
+
+async def test_a_payload_with_html_in_it_renders_as_text(console: Console, page: Page) -> None:
+    async with httpx.AsyncClient(base_url=console.url) as client:
+        await client.post(
+            "/webhooks/github",
+            content=HOSTILE,
+            headers={
+                "x-github-delivery": '"><img src=x onerror=alert(2)>',
+                "x-github-event": "<script>alert(3)</script>",
+                "content-type": "text/html",
+            },
+        )
+        await client.post(
+            "/webhooks/billing",
+            json={"id": "evt_html", "type": "x", "data": {"note": HOSTILE}},
+        )
+    await console.wait_status('"><img src=x onerror=alert(2)>', "processed")
+    await sign_in(page, console, "/console/messages")
+    await expect(page.locator("table.messages")).to_contain_text("<script>alert(3)</script>")
+    for message_id, shown in (
+        ('"><img src=x onerror=alert(2)>', HOSTILE),
+        ("evt_html", json.dumps(HOSTILE)),
+    ):
+        await page.goto(f"{console.url}/console/messages/{await console.row_id(message_id)}")
+        await expect(page.locator("#message-body")).to_contain_text(shown)
+        assert await page.locator("main img").count() == 0
+        assert await page.locator("main script").count() == 0
+
+
+async def test_screenshots_of_the_overview_and_a_message(
+    console: Console, page: Page, tmp_path: Path
+) -> None:
+    await seed_an_hour(console.db)
+    await dead_letter(console, "evt_1042", amount=4200)
+    console.billing_down(False)
+    for i in range(3):
+        await console.deliver(f"evt_{1050 + i}")
+    await sign_in(page, console)
+    await expect(page.locator(".alert")).to_be_visible()
+    shots = {
+        "console-overview.png": "/console/",
+        "console-message.png": f"/console/messages/{await console.row_id('evt_1042')}",
+    }
+    for name, path in shots.items():
+        await page.goto(console.url + path)
+        await page.screenshot(path=tmp_path / name, full_page=True)
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    target = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
+    if target:
+        for name in shots:
+            shutil.copyfile(tmp_path / name, Path(target) / name)
+
+
+async def seed_an_hour(db: asyncpg.Connection) -> None:
+    """An hour of traffic on a second source, for a chart worth looking at."""
+    for minute in range(58, 0, -1):
+        for n in range(2 + (minute * 7) % 5):
+            row = await seed(
+                db,
+                f"delivery-{minute}-{n}",
+                source="github",
+                status="processed",
+                event_type="push",
+                age=timedelta(minutes=minute, seconds=n),
+            )
+            failed = (minute % 9 == 0) and n == 0
+            await db.execute(
+                "INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, "
+                "outcome, error_type, error, duration_ms) "
+                "VALUES ($1, 1, now() - $2::interval, now() - $2::interval, $3, $4, $5, 4)",
+                row,
+                timedelta(minutes=minute, seconds=n - 1),
+                "failed" if failed else "processed",
+                "TimeoutError" if failed else None,
+                "upstream timed out" if failed else None,
+            )

@@ -1,0 +1,62 @@
+"""Forwarding from a real `webhook-inbox worker` process: a killed worker's lease is retried."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.conftest import AppFactory
+from tests.http_server import HANG, scripted_server
+from tests.processing_helpers import WORKER_SETTINGS, attempts_of, source, wait_until
+from tests.worker_process import start_worker, wait_listening
+
+
+@pytest.mark.slow
+async def test_a_lease_abandoned_by_a_killed_worker_is_retried(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path, client_for: AppFactory
+) -> None:
+    async with scripted_server((HANG, {}), (200, {})) as server:
+        toml = f"""
+[sources.hooks]
+kind = "generic"
+id_header = "X-Message-Id"
+backoff_base_seconds = 0.05
+backoff_max_seconds = 0.1
+[sources.hooks.forward]
+url = "{server.url}"
+timeout_seconds = 1
+"""
+        worker = start_worker(
+            database_url, toml, tmp_path, "doomed", INBOX_WORKER_LEASE_MARGIN_SECONDS="0.5"
+        )
+        try:
+            await wait_listening(db, 1)
+            await db.execute(
+                "INSERT INTO inbox_messages (source, message_id, body, content_type) "
+                "VALUES ('hooks', 'lease-1', '\\x7b7d', 'application/json')"
+            )
+            await db.execute("NOTIFY webhook_inbox, 'hooks'")
+            await asyncio.wait_for(server.arrived.wait(), 20)
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        row = await db.fetchrow("SELECT status, attempts, locked_until FROM inbox_messages")
+        assert row is not None
+        assert (row["status"], row["attempts"]) == ("processing", 1)
+        # A new worker takes the message over once the lease (timeout 1s + margin 0.5s) expires.
+        cfg = {"sources": {"hooks": source(forward={"url": server.url, "timeout_seconds": 1})}}
+        async with client_for(
+            cfg, run_worker=True, worker_lease_margin_seconds=0.5, **WORKER_SETTINGS
+        ):
+            await wait_until(db, "SELECT status FROM inbox_messages", "processed", 15)
+    first, second = server.requests
+    assert first.headers["idempotency-key"] == second.headers["idempotency-key"] == "hooks:lease-1"
+    assert (first.headers["inbox-attempt"], second.headers["inbox-attempt"]) == ("1", "2")
+    attempts = await attempts_of(db, "lease-1")
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "abandoned"), (2, "processed")]

@@ -1,0 +1,264 @@
+"""`serve` runs ingest and processing in separate, supervised processes (real processes, real
+PostgreSQL): a handler that kills, blocks or loses its process never takes ingest with it, and
+each attempt it costs is counted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import psutil
+import pytest
+
+from service.core.db import EmbeddedPostgres, asyncpg_dsn
+from tests.processing_helpers import create_effects, wait_until
+from tests.server import ServerProcess
+from tests.worker_process import ROOT, wait_listening
+
+pytestmark = pytest.mark.slow
+
+PROCESSED = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
+
+
+def source_toml(handler: str, **extra: Any) -> str:
+    lines = [
+        "[sources.s]",
+        'kind = "generic"',
+        'id_header = "x-id"',
+        f'handlers = ["tests.handlers:{handler}"]',
+        "backoff_base_seconds = 0.05",
+        "backoff_max_seconds = 0.2",
+    ]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def serving(tmp_path: Path, toml: str, *args: str, **env: str) -> Iterator[ServerProcess]:
+    config = tmp_path / "inbox.toml"
+    config.write_text(toml)
+    environment = {
+        "INBOX_CONFIG": str(config),
+        "INBOX_LOG_LEVEL": "INFO",
+        "INBOX_LOG_FORMAT": "json",
+        "INBOX_WORKER_POLL_SECONDS": "0.2",
+        # A crashed attempt's claim expires (and is counted) a second after it was taken.
+        "INBOX_WORKER_LEASE_MARGIN_SECONDS": "1",
+        "PYTHONPATH": str(ROOT),  # the handlers live in tests/
+        **env,
+    }
+    with ServerProcess(
+        environment, tmp_path, args=["serve", "--port", "{port}", *args], startup_timeout=60
+    ) as server:
+        yield server
+
+
+def log_events(server: ServerProcess) -> list[dict[str, Any]]:
+    events = []
+    for line in server.output().splitlines():
+        if line.startswith("{"):
+            events.append(json.loads(line))
+    return events
+
+
+def processing_children(server: ServerProcess) -> list[psutil.Process]:
+    assert server.process is not None
+    children = psutil.Process(server.process.pid).children()
+    return [p for p in children if "worker" in p.cmdline()]
+
+
+async def deliver(
+    url: str, ids: list[str], body: bytes = b"{}", concurrency: int = 16
+) -> dict[str, int]:
+    """Each id once; the status each got (0: no answer)."""
+    answers: dict[str, int] = {}
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+
+        async def send(message_id: str) -> None:
+            async with gate:
+                try:
+                    reply = await client.post(
+                        "/webhooks/s", content=body, headers={"x-id": message_id}
+                    )
+                    answers[message_id] = reply.status_code
+                except httpx.TransportError:
+                    answers[message_id] = 0
+
+        await asyncio.gather(*(send(i) for i in ids))
+    return answers
+
+
+async def test_a_handler_that_kills_its_process_goes_dead_and_spares_the_rest(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await create_effects(db)
+    ids = [f"ok-{i}" for i in range(199)]
+    ids.insert(100, "poison")  # os._exit(1) in its handler, whenever it runs
+    toml = source_toml("exit_on_poison", max_attempts=3)
+    with serving(tmp_path, toml, DATABASE_URL=database_url) as server:
+        await wait_listening(db, 1)
+        answers = await deliver(server.url, ids)
+        assert set(answers.values()) == {200}  # ingest never went down with the worker
+        status = "SELECT status FROM inbox_messages WHERE message_id = 'poison'"
+        await wait_until(db, status, "dead", 90)
+        await wait_until(db, PROCESSED, 199, 60)
+        events = log_events(server)
+    attempts = await db.fetch(
+        "SELECT a.attempt, a.outcome, a.error_type, a.error FROM inbox_attempts a "
+        "JOIN inbox_messages m ON m.id = a.message_id WHERE m.message_id = 'poison' "
+        "ORDER BY a.attempt"
+    )
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [
+        (1, "abandoned"),
+        (2, "abandoned"),
+        (3, "dead"),
+    ]
+    assert {a["error_type"] for a in attempts} == {"AttemptNeverFinished"}
+    assert all("worker process exited" in a["error"] for a in attempts)
+    effects = await db.fetch("SELECT message_id, count(*) AS n FROM effects GROUP BY message_id")
+    assert {r["message_id"]: r["n"] for r in effects} == dict.fromkeys(ids[:100] + ids[101:], 1)
+    # The supervisor saw each death, said how the child ended, and started it again.
+    exits = [e for e in events if e["event"] == "child exited; restarting it"]
+    assert len(exits) == 3, exits
+    assert {(e["child_role"], e["exit_status"]) for e in exits} == {("processing", "exit code 1")}
+    assert {e["role"] for e in exits} == {"supervisor"}
+    # After its first crash the poison message ran alone: nothing else died with it again.
+    assert (
+        await db.fetchval("SELECT max(attempts) FROM inbox_messages WHERE message_id <> 'poison'")
+        <= 2
+    )
+
+
+async def test_a_processing_process_killed_mid_batch_loses_and_repeats_nothing(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await create_effects(db)
+    ids = [f"k-{i}" for i in range(300)]
+    settings = {"INBOX_WORKER_BATCH_SIZE": "50", "INBOX_WORKER_CONCURRENCY": "1"}
+    with serving(
+        tmp_path, source_toml("record_slowly"), DATABASE_URL=database_url, **settings
+    ) as server:
+        await wait_listening(db, 1)
+        answers = await deliver(server.url, ids)
+        assert set(answers.values()) == {200}
+        # Kill it while a batch is claimed and running (~0.5 s each).
+        in_flight = "SELECT count(*) FROM inbox_messages WHERE status = 'processing'"
+        deadline = time.monotonic() + 30
+        while await db.fetchval(in_flight) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        (child,) = processing_children(server)
+        child.send_signal(signal.SIGKILL)
+        await wait_until(db, PROCESSED, 300, 60)
+        events = log_events(server)
+    effects = await db.fetch("SELECT message_id, count(*) AS n FROM effects GROUP BY message_id")
+    assert {r["message_id"]: r["n"] for r in effects} == dict.fromkeys(ids, 1)
+    # The killed batch's attempts were counted: abandoned, then processed on the second.
+    twice = await db.fetchval("SELECT count(*) FROM inbox_messages WHERE attempts = 2")
+    assert 1 <= twice <= 50
+    abandoned = await db.fetchval("SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'")
+    assert abandoned == twice
+    (death,) = [e for e in events if e["event"] == "child exited; restarting it"]
+    assert death["exit_status"] == "killed by SIGKILL"
+
+
+async def test_a_handler_blocking_its_event_loop_does_not_slow_ingest(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await create_effects(db)
+    with serving(tmp_path, source_toml("block_loop"), DATABASE_URL=database_url) as server:
+        await wait_listening(db, 1)
+        assert (await deliver(server.url, ["blocker"], body=b'{"sleep": 20}')) == {"blocker": 200}
+        # The watchdog names the handler once the processing loop has been stuck for 1 s.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            blocked = [e for e in log_events(server) if e["event"].startswith("event loop blocked")]
+            if blocked:
+                break
+            await asyncio.sleep(0.1)
+        assert blocked, server.output()
+        assert blocked[0]["handler"] == "tests.handlers:block_loop"
+        assert blocked[0]["message_id"] == "blocker"
+        assert blocked[0]["role"] == "processing"
+        # Meanwhile, a light load on ingest: 100 deliveries, 20 a second.
+        latencies = []
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+            for i in range(100):
+                began = time.perf_counter()
+                reply = await client.post("/webhooks/s", content=b"{}", headers={"x-id": f"l-{i}"})
+                latencies.append(time.perf_counter() - began)
+                assert reply.status_code == 200
+                await asyncio.sleep(0.05)
+        assert (
+            await db.fetchval("SELECT status FROM inbox_messages WHERE message_id = 'blocker'")
+            == "processing"
+        )
+        latencies.sort()
+        assert latencies[98] < 0.1, latencies[-5:]
+        assert await db.fetchval("SELECT count(*) FROM inbox_messages") == 101
+        await wait_until(db, PROCESSED, 101, 60)
+    assert await db.fetchval("SELECT count(*) FROM effects") == 101
+
+
+async def test_sigterm_drains_both_roles_and_stops_the_embedded_database(tmp_path: Path) -> None:
+    ids = [f"t-{i}" for i in range(400)]
+    settings = {"INBOX_WORKER_BATCH_SIZE": "20"}
+    with serving(tmp_path, source_toml("record_slowly"), **settings) as server:
+        (started,) = [
+            e for e in log_events(server) if e["event"] == "database" and e["role"] == "supervisor"
+        ]
+        db = await asyncpg.connect(asyncpg_dsn(started["url"]))
+        try:
+            await create_effects(db)
+            await wait_listening(db, 1)
+        finally:
+            await db.close()
+        load = asyncio.create_task(deliver(server.url, ids, concurrency=8))
+        while len(server.output().split('"delivery"')) < 100:
+            await asyncio.sleep(0.01)
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+        answers = await load
+        code = await asyncio.to_thread(server.process.wait, 90)
+    assert code == 0
+    acknowledged = {i for i, status in answers.items() if status == 200}
+    assert len(acknowledged) >= 100
+    pgdata = (tmp_path / "data" / "pgdata").resolve()
+    # No PostgreSQL of this data directory outlives `serve`.
+    leftovers = [
+        p
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "postgres" and str(pgdata) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert leftovers == []
+    embedded = EmbeddedPostgres.start(tmp_path / "data")
+    try:
+        db = await asyncpg.connect(asyncpg_dsn(embedded.url))
+        try:
+            stored = {
+                r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")
+            }
+            assert acknowledged <= stored
+            # The worker drained: no attempt was left half-way.
+            assert (
+                await db.fetchval("SELECT count(*) FROM inbox_messages WHERE status = 'processing'")
+                == 0
+            )
+            effects = await db.fetch(
+                "SELECT message_id, count(*) AS n FROM effects GROUP BY message_id"
+            )
+            assert all(r["n"] == 1 for r in effects)
+            processed = await db.fetchval(PROCESSED)
+            assert processed == len(effects)
+        finally:
+            await db.close()
+    finally:
+        embedded.stop()

@@ -1,0 +1,146 @@
+"""`serve --workers 2 --worker-processes 2`: two HTTP and two processing processes, one database.
+
+Guards cross-process safety (issue 6 item 7): the dedup key is a unique constraint in
+PostgreSQL, not per-process memory, so one id delivered to both processes at once is recorded
+once; claims are `FOR UPDATE SKIP LOCKED`, so both workers never run one message. Were dedup or
+claiming done in process memory, an id would get two `accepted` answers or two effects here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import psutil
+import pytest
+
+from service.core.db import asyncpg_dsn
+from tests.processing_helpers import create_effects, wait_until
+from tests.server import ServerProcess
+from tests.worker_process import ROOT, wait_listening
+
+pytestmark = pytest.mark.slow
+
+TOML = """
+[sources.s]
+kind = "generic"
+id_header = "x-id"
+handlers = ["tests.handlers:record"]
+"""
+
+UNPROCESSED = "SELECT count(*) FROM inbox_messages WHERE status <> 'processed'"
+
+
+def two_processes(tmp_path: Path, **env: str) -> ServerProcess:
+    config = tmp_path / "inbox.toml"
+    config.write_text(TOML)
+    environment = {
+        "INBOX_CONFIG": str(config),
+        "INBOX_LOG_LEVEL": "INFO",
+        "INBOX_LOG_FORMAT": "json",
+        "INBOX_WORKER_POLL_SECONDS": "0.2",
+        "PYTHONPATH": str(ROOT),  # the handlers live in tests/
+        **env,
+    }
+    args = ["serve", "--workers", "2", "--worker-processes", "2", "--port", "{port}"]
+    return ServerProcess(environment, tmp_path, args=args, startup_timeout=60)
+
+
+def log_events(server: ServerProcess) -> list[dict[str, Any]]:
+    lines = server.output().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+async def deliver_each_twice(url: str, ids: list[str]) -> dict[str, list[str]]:
+    """Both deliveries of an id at once; a new connection per request, so both processes serve."""
+    limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
+    answers: dict[str, list[str]] = {i: [] for i in ids}
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=20) as client:
+
+        async def send(message_id: str) -> None:
+            reply = await client.post(
+                "/webhooks/s", content=b'{"n": 1}', headers={"x-id": message_id}
+            )
+            assert reply.status_code == 200, reply.text
+            answers[message_id].append(reply.json()["status"])
+
+        await asyncio.gather(*(send(i) for i in ids for _ in range(2)))
+    return answers
+
+
+def assert_recorded_once(answers: dict[str, list[str]]) -> None:
+    pairs = Counter(tuple(sorted(statuses)) for statuses in answers.values())
+    assert pairs == {("accepted", "duplicate"): len(answers)}, pairs
+
+
+async def assert_effects_once(db: asyncpg.Connection, ids: list[str]) -> None:
+    await wait_until(db, UNPROCESSED, 0, 30)
+    rows = await db.fetch("SELECT message_id, count(*) AS n FROM effects GROUP BY message_id")
+    assert {r["message_id"]: r["n"] for r in rows} == dict.fromkeys(ids, 1)
+    assert await db.fetchval("SELECT sum(receive_count) FROM inbox_messages") == 2 * len(ids)
+
+
+def serving_pids(server: ServerProcess) -> set[int]:
+    return {e["pid"] for e in log_events(server) if e.get("event") == "delivery"}
+
+
+def child_pids(server: ServerProcess) -> set[int]:
+    assert server.process is not None
+    return {p.pid for p in psutil.Process(server.process.pid).children(recursive=True)}
+
+
+async def test_two_server_processes_share_one_database_exactly_once(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await create_effects(db)
+    ids = [f"multi-{i}" for i in range(200)]  # 400 deliveries
+    with two_processes(tmp_path, DATABASE_URL=database_url) as server:
+        await wait_listening(db, 2)  # both processing processes
+        answers = await deliver_each_twice(server.url, ids)
+        await assert_effects_once(db, ids)
+        children = child_pids(server)
+        scraped = httpx.get(f"{server.url}/metrics").text
+    assert_recorded_once(answers)
+    # Both processes answered deliveries (their pids are children of `serve`, not `serve`).
+    served = serving_pids(server)
+    assert len(served) == 2, served
+    assert served <= children
+    # One scrape, answered by one HTTP process, counts what every process did.
+    assert metric_sum(scraped, "webhook_inbox_deliveries_total", 'outcome="accepted"') == 200
+    assert metric_sum(scraped, "webhook_inbox_deliveries_total", 'outcome="duplicate"') == 200
+    assert metric_sum(scraped, "webhook_inbox_attempts_total", 'outcome="processed"') == 200
+
+
+def metric_sum(text: str, name: str, label: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    )
+
+
+async def test_two_server_processes_share_the_embedded_database(tmp_path: Path) -> None:
+    # No DATABASE_URL: `serve` starts the embedded PostgreSQL under INBOX_DATA_DIR and hands
+    # its URL to the processes it starts.
+    ids = [f"embedded-{i}" for i in range(60)]
+    with two_processes(tmp_path) as server:
+        events = log_events(server)
+        (started,) = [
+            e for e in events if e.get("event") == "database" and e["role"] == "supervisor"
+        ]
+        assert str(tmp_path) in started["url"]
+        db = await asyncpg.connect(asyncpg_dsn(started["url"]))
+        try:
+            await create_effects(db)
+            await wait_listening(db, 2)
+            answers = await deliver_each_twice(server.url, ids)
+            await assert_effects_once(db, ids)
+        finally:
+            await db.close()
+    assert_recorded_once(answers)
+    assert len(serving_pids(server)) == 2

@@ -1,0 +1,233 @@
+"""Admin retry, replay, discard and bulk retry: state transitions and the recorded history."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from service.api.security import token_fingerprint
+from service.core.db import create_engine
+from service.core.settings import Settings
+from service.store.admin import MessageFilter, bulk_retry
+from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, status_of
+from tests.conftest import AppFactory
+
+FINGERPRINT = token_fingerprint(TOKEN)
+
+
+def admin_client(client_for: AppFactory) -> Any:
+    return client_for(CONFIG, admin_tokens=[TOKEN, "another-admin-token"])
+
+
+async def history(db: asyncpg.Connection, message: int) -> list[tuple[str, int, str | None]]:
+    rows = await db.fetch(
+        "SELECT outcome, attempt, actor FROM inbox_attempts WHERE message_id = $1 ORDER BY id",
+        message,
+    )
+    return [(r["outcome"], r["attempt"], r["actor"]) for r in rows]
+
+
+async def test_retry_gives_a_fresh_budget_and_records_who(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    ids = {
+        status: await seed(
+            db, f"m-{status}", status=status, attempts=5, last_error="handler failed"
+        )
+        for status in ("dead", "retrying", "discarded")
+    }
+    await db.execute(
+        "UPDATE inbox_messages SET next_attempt_at = now() + interval '1 day' WHERE id = $1",
+        ids["retrying"],
+    )
+    before = datetime.now(UTC)
+    async with admin_client(client_for) as client:
+        responses = {
+            status: await client.post(f"/admin/messages/{row_id}/retry", headers=AUTH)
+            for status, row_id in ids.items()
+        }
+    for status, response in responses.items():
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["status"] == "pending"
+        assert body["attempt_count"] == 0
+        assert body["action"] == "admin_retry"
+        assert TOKEN not in response.text
+        row = await db.fetchrow("SELECT * FROM inbox_messages WHERE id = $1", ids[status])
+        assert row["status"] == "pending"
+        assert row["attempts"] == 0
+        assert row["next_attempt_at"] <= datetime.now(UTC)
+        assert row["locked_until"] is None
+        assert row["last_error"] == "handler failed"  # kept as the record of why it failed
+        assert await history(db, ids[status]) == [("admin_retry", 5, FINGERPRINT)]
+        started = await db.fetchval(
+            "SELECT started_at FROM inbox_attempts WHERE message_id = $1", ids[status]
+        )
+        assert started >= before - timedelta(seconds=5)
+    assert FINGERPRINT.startswith("token:")
+    assert TOKEN not in FINGERPRINT
+
+
+async def test_retry_refuses_unfinished_and_unknown_messages(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    pending = await seed(db, "m-pending", status="pending")
+    processing = await seed(db, "m-processing", status="processing")
+    async with admin_client(client_for) as client:
+        for row_id in (pending, processing):
+            response = await client.post(
+                f"/admin/messages/{row_id}/retry", json={"force": True}, headers=AUTH
+            )
+            assert response.status_code == 409
+            assert response.headers["content-type"] == "application/problem+json"
+        missing = await client.post("/admin/messages/424242/retry", headers=AUTH)
+        extra = await client.post(
+            f"/admin/messages/{pending}/retry", json={"forse": True}, headers=AUTH
+        )
+    assert missing.status_code == 404
+    assert extra.status_code == 422
+    assert await status_of(db, pending) == "pending"
+    assert await status_of(db, processing) == "processing"
+    assert await history(db, pending) == []
+
+
+async def test_replaying_a_processed_message_needs_force(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    done = await seed(db, "m-done", status="processed", attempts=1)
+    async with admin_client(client_for) as client:
+        unforced = await client.post(f"/admin/messages/{done}/retry", headers=AUTH)
+        not_forced = await client.post(
+            f"/admin/messages/{done}/retry", json={"force": False}, headers=AUTH
+        )
+        assert await status_of(db, done) == "processed"
+        assert await history(db, done) == []
+        forced = await client.post(
+            f"/admin/messages/{done}/retry", json={"force": True}, headers=AUTH
+        )
+    assert unforced.status_code == 409
+    assert "force" in unforced.json()["detail"]
+    assert not_forced.status_code == 409
+    assert forced.status_code == 200
+    assert forced.json()["action"] == "admin_replay"
+    row = await db.fetchrow("SELECT * FROM inbox_messages WHERE id = $1", done)
+    assert (row["status"], row["attempts"], row["processed_at"]) == ("pending", 0, None)
+    assert await history(db, done) == [("admin_replay", 1, FINGERPRINT)]
+
+
+async def test_discard_keeps_the_dedup_row_so_a_redelivery_is_a_duplicate(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    delivery = {"X-Message-Id": "evt-discard", "content-type": "application/json"}
+    async with admin_client(client_for) as client:
+        accepted = await client.post("/webhooks/hooks", content=b"{}", headers=delivery)
+        row_id = accepted.json()["id"]
+        discarded = await client.post(f"/admin/messages/{row_id}/discard", headers=AUTH)
+        again = await client.post(f"/admin/messages/{row_id}/discard", headers=AUTH)
+        redelivered = await client.post("/webhooks/hooks", content=b"{}", headers=delivery)
+    assert discarded.status_code == 200
+    assert discarded.json()["status"] == "discarded"
+    assert discarded.json()["action"] == "admin_discard"
+    assert again.status_code == 200
+    assert again.json()["action"] == "none"
+    assert redelivered.json() == {"status": "duplicate", "message_id": "evt-discard"}
+    row = await db.fetchrow("SELECT status, receive_count FROM inbox_messages")
+    assert (row["status"], row["receive_count"]) == ("discarded", 2)
+    assert await history(db, row_id) == [("admin_discard", 0, FINGERPRINT)]
+
+
+async def test_discard_refuses_processed_processing_and_unknown(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    done = await seed(db, "m-done", status="processed")
+    busy = await seed(db, "m-busy", status="processing")
+    dead = await seed(db, "m-dead", status="dead")
+    async with admin_client(client_for) as client:
+        assert (
+            await client.post(f"/admin/messages/{done}/discard", headers=AUTH)
+        ).status_code == 409
+        assert (
+            await client.post(f"/admin/messages/{busy}/discard", headers=AUTH)
+        ).status_code == 409
+        assert (await client.post("/admin/messages/9999/discard", headers=AUTH)).status_code == 404
+        assert (
+            await client.post(f"/admin/messages/{dead}/discard", headers=AUTH)
+        ).status_code == 200
+    assert await status_of(db, done) == "processed"
+    assert await status_of(db, dead) == "discarded"
+
+
+async def test_bulk_retry_dry_run_then_for_real(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    dead_hooks = [await seed(db, f"d-{i}", status="dead", attempts=10) for i in range(3)]
+    retrying = await seed(db, "r-1", status="retrying", attempts=2)
+    discarded = await seed(db, "x-1", status="discarded")
+    processed = await seed(db, "p-1", status="processed")
+    pending = await seed(db, "n-1", status="pending")
+    dead_other = await seed(db, "d-other", source="other", status="dead")
+    async with admin_client(client_for) as client:
+        dry = await client.post(
+            "/admin/messages/retry", json={"source": "hooks", "dry_run": True}, headers=AUTH
+        )
+        assert dry.json() == {"matched": 4, "retried": 0}
+        assert await status_of(db, dead_hooks[0]) == "dead"
+        assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
+
+        real = await client.post("/admin/messages/retry", json={"source": "hooks"}, headers=AUTH)
+        assert real.json() == {"matched": 4, "retried": 4}
+        for row_id in [*dead_hooks, retrying]:
+            assert await status_of(db, row_id) == "pending"
+            assert await history(db, row_id) == [
+                ("admin_retry", 10 if row_id != retrying else 2, FINGERPRINT)
+            ]
+        assert await status_of(db, dead_other) == "dead"
+        assert await status_of(db, discarded) == "discarded"
+        assert await status_of(db, processed) == "processed"
+        assert await status_of(db, pending) == "pending"
+
+        named = await client.post(
+            "/admin/messages/retry", json={"status": ["discarded", "pending"]}, headers=AUTH
+        )
+        assert named.json() == {"matched": 1, "retried": 1}
+        unforced = await client.post(
+            "/admin/messages/retry", json={"status": ["processed"]}, headers=AUTH
+        )
+        assert unforced.json() == {"matched": 0, "retried": 0}
+        forced = await client.post(
+            "/admin/messages/retry", json={"status": ["processed"], "force": True}, headers=AUTH
+        )
+        assert forced.json() == {"matched": 1, "retried": 1}
+        by_id = await client.post(
+            "/admin/messages/retry",
+            json={"message_id": "d-other", "event_type": "nope"},
+            headers=AUTH,
+        )
+        assert by_id.json() == {"matched": 0, "retried": 0}
+        invalid = await client.post(
+            "/admin/messages/retry", json={"status": ["lost"]}, headers=AUTH
+        )
+        assert invalid.status_code == 422
+    assert await history(db, processed) == [("admin_replay", 0, FINGERPRINT)]
+    assert await status_of(db, dead_other) == "dead"
+
+
+async def test_bulk_retry_walks_every_batch(database_url: str, db: asyncpg.Connection) -> None:
+    ids = [await seed(db, f"d-{i}", status="dead") for i in range(7)]
+    busy = await seed(db, "d-busy", status="dead")
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    try:
+        # A row another transaction holds is skipped, not waited for.
+        async with db.transaction():
+            await db.execute("SELECT 1 FROM inbox_messages WHERE id = $1 FOR UPDATE", busy)
+            result = await bulk_retry(
+                engine, MessageFilter(), "token:test", force=False, dry_run=False, batch_size=2
+            )
+    finally:
+        await engine.dispose()
+    assert (result.matched, result.retried) == (8, 7)
+    assert [await status_of(db, i) for i in ids] == ["pending"] * 7
+    assert await status_of(db, busy) == "dead"
+    assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 7

@@ -1,0 +1,130 @@
+"""Attempts count before handlers run: a stuck, blocking or vanished attempt is still counted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+import pytest
+
+from service.core.db import create_engine
+from service.core.settings import Settings
+from service.processing.pipeline import resolve_pipelines
+from service.sources.config_file import parse_inbox_config
+from service.store.claims import claim_due, hold_claimed
+from service.worker import Worker, WorkerOptions
+from tests.conftest import AppFactory
+from tests.processing_helpers import (
+    WORKER_SETTINGS,
+    attempts_of,
+    config,
+    create_effects,
+    delivery,
+    insert_messages,
+    status_of,
+    wait_until,
+)
+
+PG_SLEEPING = (
+    "SELECT count(*) FROM pg_stat_activity "
+    "WHERE query LIKE 'SELECT pg_sleep(3600)%' AND datname = current_database()"
+)
+
+
+async def test_a_handler_stuck_in_a_statement_is_cancelled_on_the_server_and_counted(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    # One batch: the stuck message between healthy ones, which must not share its fate.
+    await insert_messages(db, "a", "stuck", "b")
+    cfg = config("tests.handlers:stuck_in_database", handler_timeout_seconds=1, max_attempts=2)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(
+            db, "SELECT status FROM inbox_messages WHERE message_id = 'stuck'", "dead", 15
+        )
+        # Nothing of it is still running on the server.
+        assert await db.fetchval(PG_SLEEPING) == 0
+    attempts = await attempts_of(db, "stuck")
+    assert [a["outcome"] for a in attempts] == ["failed", "dead"]
+    assert {a["error_type"] for a in attempts} == {"service.processing.runner.HandlerTimeout"}
+    assert all(a["duration_ms"] < 5_000 for a in attempts)
+    for healthy in ("a", "b"):
+        assert [a["outcome"] for a in await attempts_of(db, healthy)] == ["processed"]
+    effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
+    assert [r["message_id"] for r in effects] == ["a", "b"]
+
+
+async def test_a_handler_blocking_the_loop_past_its_timeout_fails_and_is_named_in_the_log(
+    client_for: AppFactory, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    await create_effects(db)
+    cfg = config("tests.handlers:block_loop", handler_timeout_seconds=1, max_attempts=1)
+    caplog.set_level(logging.WARNING, logger="service.worker.watchdog")
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
+        body = b'{"sleep": 1.6}'
+        await client.post("/webhooks/hooks", content=body, headers=delivery("blocker"))
+        await wait_until(db, "SELECT status FROM inbox_messages", "dead", 15)
+    (attempt,) = await attempts_of(db, "blocker")
+    assert attempt["error_type"] == "service.processing.runner.HandlerTimeout"
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0
+    blocked = [r for r in caplog.records if r.getMessage().startswith("event loop blocked")]
+    assert blocked, caplog.text
+    assert blocked[0].__dict__["handler"] == "tests.handlers:block_loop"
+    assert blocked[0].__dict__["message_id"] == "blocker"
+    assert blocked[0].__dict__["source"] == "hooks"
+
+
+async def test_an_attempt_whose_worker_vanished_is_counted_then_run_alone(
+    client_for: AppFactory, db: asyncpg.Connection, database_url: str
+) -> None:
+    await create_effects(db)
+    await insert_messages(db, "m1", "m2", "m3")
+    cfg = config("tests.handlers:record")
+    settings = Settings(database_url=database_url)
+    engine = create_engine(database_url, settings)
+    try:
+        # A worker claims all three, then dies before running anything: only its claim
+        # (committed, with the attempt counted) is left.
+        claimed = await claim_due(engine, {"hooks": 0.2}, 10)
+        assert [r.attempts for r in claimed] == [0, 0, 0]
+        assert await db.fetchval("SELECT sum(attempts) FROM inbox_messages") == 3
+    finally:
+        await engine.dispose()
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(db, "SELECT count(*) FROM effects", 3, 15)
+    for name in ("m1", "m2", "m3"):
+        attempts = await attempts_of(db, name)
+        assert [a["outcome"] for a in attempts] == ["abandoned", "processed"]
+        assert attempts[0]["error_type"] == "AttemptNeverFinished"
+        assert "never finished" in attempts[0]["error"]
+        assert attempts[1]["attempt"] == 2
+    # Each ran in a transaction of its own, and finishing cleared the flag.
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 0
+    runs = await db.fetch("SELECT DISTINCT attempt FROM effects")
+    assert [r["attempt"] for r in runs] == [2]
+
+
+async def test_a_late_attempt_whose_claim_was_reaped_is_fenced_off(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    await create_effects(db)
+    await insert_messages(db, "m1")
+    settings = Settings(database_url=database_url)
+    engine = create_engine(database_url, settings)
+    pipelines = resolve_pipelines(parse_inbox_config(config("tests.handlers:record")))
+    worker = Worker(engine, database_url, pipelines, WorkerOptions(lease_margin_seconds=0.1))
+    try:
+        (late,) = await claim_due(engine, {"hooks": 0.1}, 1)
+        await asyncio.sleep(0.3)
+        assert await worker.reap_expired_leases() == 1
+        await db.execute("UPDATE inbox_messages SET next_attempt_at = now()")  # no backoff
+        (fresh,) = await claim_due(engine, {"hooks": 30}, 1, alone=True)
+        assert fresh.attempts == 1
+        async with engine.begin() as conn:
+            # The late attempt may not lock (and so may not run or commit) its row any more.
+            assert await hold_claimed(conn, [late]) == set()
+            assert await hold_claimed(conn, [fresh]) == {fresh.id}
+    finally:
+        await engine.dispose()
+    assert await status_of(db, "m1") == "processing"

@@ -1,0 +1,69 @@
+"""`/metrics` on a real database: the listed series, counted per app."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import asyncpg
+
+from tests.admin_seed import seed
+from tests.conftest import AppFactory
+from tests.prometheus_text import samples
+
+# A handler (no worker runs here) keeps accepted messages pending, as the backlog gauges expect.
+CONFIG = {
+    "sources": {
+        "hooks": {
+            "kind": "generic",
+            "id_header": "X-Message-Id",
+            "handlers": ["tests.handlers:record"],
+        }
+    }
+}
+
+
+async def test_metrics_expose_deliveries_latency_statuses_and_backlog(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await seed(db, "old-pending", status="pending", age=timedelta(minutes=10))
+    await seed(db, "gone", source="removed", status="dead")
+    json_headers = {"content-type": "application/json"}
+    async with client_for(CONFIG) as client:
+        await client.post(
+            "/webhooks/hooks", content=b"{}", headers={**json_headers, "X-Message-Id": "a"}
+        )
+        await client.post(
+            "/webhooks/hooks", content=b"{}", headers={**json_headers, "X-Message-Id": "a"}
+        )
+        await client.post("/webhooks/hooks", content=b"{}", headers=json_headers)  # no id: 400
+        await client.post("/webhooks/nowhere", content=b"{}", headers=json_headers)
+        response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    found = samples(response.text)
+
+    def value(name: str, **labels: str) -> float:
+        return found[(name, tuple(sorted(labels.items())))]
+
+    deliveries = "webhook_inbox_deliveries_total"
+    assert value(deliveries, source="hooks", outcome="accepted", reason="") == 1
+    assert value(deliveries, source="hooks", outcome="duplicate", reason="") == 1
+    assert value(deliveries, source="hooks", outcome="rejected", reason="bad_request") == 1
+    assert value(deliveries, source="", outcome="rejected", reason="unknown_source") == 1
+    assert value("webhook_inbox_ingest_duration_seconds_count", source="hooks") == 3
+    assert value("webhook_inbox_ingest_duration_seconds_count", source="") == 1
+    assert value("webhook_inbox_messages", source="hooks", status="pending") == 2
+    assert value("webhook_inbox_messages", source="removed", status="dead") == 1
+    assert 590 < value("webhook_inbox_oldest_pending_age_seconds") < 700
+    # Present at zero before anything happened; the worker and retention count them.
+    assert value("webhook_inbox_handler_duration_seconds_count", source="hooks") == 0
+    assert value("webhook_inbox_pruned_rows_total", status="dead") == 0
+    assert value("webhook_inbox_admin_actions_total", action="admin_retry") == 0
+
+
+async def test_each_app_counts_on_its_own(client_for: AppFactory) -> None:
+    async with client_for(CONFIG) as client:
+        await client.post("/webhooks/nowhere", content=b"{}")
+    async with client_for(CONFIG) as client:
+        text = (await client.get("/metrics")).text
+    assert 'reason="unknown_source"' not in text

@@ -1,0 +1,246 @@
+"""The in-process worker on a real database: exactly-once effects, retries, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncpg
+
+import tests.handlers as handlers
+from tests.conftest import AppFactory
+from tests.processing_helpers import (
+    WORKER_SETTINGS,
+    attempts_of,
+    config,
+    create_effects,
+    delivery,
+    insert_messages,
+    status_of,
+    wait_until,
+)
+
+
+async def test_each_message_has_one_effect_when_delivered_twice_concurrently(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    async with client_for(
+        config("tests.handlers:record"), run_worker=True, **WORKER_SETTINGS
+    ) as client:
+        gate = asyncio.Semaphore(20)
+
+        async def send(i: int) -> int:
+            async with gate:
+                body = json.dumps({"n": i}).encode()
+                response = await client.post(
+                    "/webhooks/hooks", content=body, headers=delivery(f"m{i}")
+                )
+                return response.status_code
+
+        codes = await asyncio.gather(*(send(i) for i in [*range(200), *range(200)]))
+        assert set(codes) == {200}
+        await wait_until(
+            db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 200, 30
+        )
+    assert await db.fetchval("SELECT count(*) FROM effects") == 200
+    assert await db.fetchval("SELECT count(DISTINCT message_id) FROM effects") == 200
+    assert await db.fetchval("SELECT sum(receive_count) FROM inbox_messages") == 400
+    # The handler saw the parsed payload of its own message.
+    assert await db.fetchval("SELECT payload->>'n' FROM effects WHERE message_id = 'm7'") == "7"
+
+
+async def test_a_handler_failing_twice_leaves_one_effect_from_attempt_three(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    async with client_for(
+        config("tests.handlers:fail_twice"), run_worker=True, **WORKER_SETTINGS
+    ) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("flaky"))
+        await wait_until(db, "SELECT status FROM inbox_messages", "processed")
+    effects = await db.fetch("SELECT attempt FROM effects")
+    assert [e["attempt"] for e in effects] == [3]
+    attempts = await attempts_of(db, "flaky")
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "processed"),
+    ]
+    assert attempts[0]["error_type"] == "RuntimeError"
+    assert attempts[0]["error"] == "flaky failure on attempt 1"
+    assert "fail_twice" in attempts[0]["traceback"]
+    assert attempts[0]["duration_ms"] >= 0
+    assert attempts[0]["actor"].startswith("worker:")
+    row = await db.fetchrow("SELECT attempts, processed_at, last_error FROM inbox_messages")
+    assert row is not None
+    assert row["attempts"] == 3
+    assert row["processed_at"] is not None
+    assert row["last_error"] is None
+
+
+async def test_an_always_failing_handler_ends_dead_after_max_attempts_without_effect(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    cfg = config("tests.handlers:always_fail", max_attempts=3)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("doomed"))
+        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+        await asyncio.sleep(0.3)  # nothing claims a dead message again
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0
+    attempts = await attempts_of(db, "doomed")
+    assert [a["outcome"] for a in attempts] == ["failed", "failed", "dead"]
+    row = await db.fetchrow("SELECT attempts, last_error, processed_at FROM inbox_messages")
+    assert row is not None
+    assert row["attempts"] == 3
+    assert row["last_error"] == "ValueError: downstream says no"
+    assert row["processed_at"] is None
+
+
+async def test_permanent_failure_is_dead_at_once(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    async with client_for(
+        config("tests.handlers:permanent"), run_worker=True, **WORKER_SETTINGS
+    ) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("perm"))
+        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+    attempts = await attempts_of(db, "perm")
+    assert [a["outcome"] for a in attempts] == ["dead"]
+    assert attempts[0]["error_type"] == "service.processing.handler_api.PermanentFailure"
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0
+
+
+async def test_retry_later_waits_as_asked(client_for: AppFactory, db: asyncpg.Connection) -> None:
+    await create_effects(db)
+    async with client_for(
+        config("tests.handlers:retry_once_later"), run_worker=True, **WORKER_SETTINGS
+    ) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("later"))
+        await wait_until(db, "SELECT status FROM inbox_messages", "retrying", 5)
+        await wait_until(db, "SELECT status FROM inbox_messages", "processed", 10)
+    first, second = await attempts_of(db, "later")
+    assert first["outcome"] == "retry_later"
+    assert second["outcome"] == "processed"
+    waited = (second["started_at"] - first["finished_at"]).total_seconds()
+    assert 1.0 <= waited < 3.0
+    assert [e["attempt"] for e in await db.fetch("SELECT attempt FROM effects")] == [2]
+
+
+async def test_a_handler_that_commits_fails_its_attempt_and_leaves_no_effect(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    cfg = {
+        "sources": {
+            "hooks": config("tests.handlers:commits", max_attempts=1)["sources"]["hooks"],
+            "quiet": config("tests.handlers:commits_quietly", max_attempts=1)["sources"]["hooks"],
+        }
+    }
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("c1"))
+        await client.post("/webhooks/quiet", content=b"{}", headers=delivery("c2"))
+        await wait_until(db, "SELECT count(*) FROM inbox_messages WHERE status = 'dead'", 2)
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0
+    for message_id in ("c1", "c2"):
+        (attempt,) = await attempts_of(db, message_id)
+        assert attempt["error_type"] == "service.processing.handler_api.HandlerCommitError"
+    (loud,) = await attempts_of(db, "c1")
+    assert "must not commit" in loud["error"]
+
+
+async def test_a_message_no_handler_matches_is_processed_with_a_note(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    cfg = config(handler=[{"target": "tests.handlers:record", "event_types": ["order.*"]}])
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("o", "order.paid"))
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("u", "user.new"))
+        await wait_until(db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 2)
+    assert [r["message_id"] for r in await db.fetch("SELECT message_id FROM effects")] == ["o"]
+    (note,) = await attempts_of(db, "u")
+    assert note["outcome"] == "skipped"
+    assert note["error"] == "no handler matches event type 'user.new'; processed without effect"
+
+
+async def test_graceful_shutdown_finishes_in_flight_work(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    handlers.slow_started = asyncio.Event()
+    handlers.state["slow_seconds"] = 1.0
+    try:
+        async with client_for(
+            config("tests.handlers:slow"), run_worker=True, **WORKER_SETTINGS
+        ) as client:
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery("slow"))
+            await asyncio.wait_for(handlers.slow_started.wait(), 10)
+            # The attempt was counted (and committed) before the handler began.
+            assert await status_of(db, "slow") == "processing"
+            assert await db.fetchval("SELECT attempts FROM inbox_messages") == 1
+            # Leaving the block shuts the app down while the handler is still sleeping.
+    finally:
+        handlers.slow_started = None
+    assert await status_of(db, "slow") == "processed"
+    assert await db.fetchval("SELECT count(*) FROM effects") == 1
+
+
+async def test_messages_of_other_sources_are_left_alone(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # A source this worker's configuration does not name may belong to another deployment.
+    await create_effects(db)
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('elsewhere', 'x', '')"
+    )
+    async with client_for(
+        config("tests.handlers:record"), run_worker=True, **WORKER_SETTINGS
+    ) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("mine"))
+        await wait_until(
+            db, "SELECT status FROM inbox_messages WHERE source = 'hooks'", "processed"
+        )
+    assert await status_of(db, "x") == "pending"
+
+
+async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    await insert_messages(db, "good1", "bad", "good2")
+    cfg = config("tests.handlers:sql_error_on_bad", max_attempts=1)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(
+            db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 3
+        )
+    assert await status_of(db, "bad") == "dead"
+    effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
+    assert [e["message_id"] for e in effects] == ["good1", "good2"]
+    (failed,) = await attempts_of(db, "bad")
+    assert "no_such_table" in failed["error"]
+    assert await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts") == 1
+
+
+async def test_a_hung_handler_times_out_and_is_retried_without_effect(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    handlers.state["slow_seconds"] = 30.0  # far past the limit below
+    try:
+        async with client_for(
+            config("tests.handlers:slow", handler_timeout_seconds=0.3, max_attempts=2),
+            run_worker=True,
+            **WORKER_SETTINGS,
+        ) as client:
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery("hung"))
+            await wait_until(db, "SELECT status FROM inbox_messages", "dead", 15)
+    finally:
+        handlers.state["slow_seconds"] = 1.0
+    attempts = await attempts_of(db, "hung")
+    timeout = "service.processing.runner.HandlerTimeout"
+    assert [a["error_type"] for a in attempts] == [timeout, timeout]
+    assert "handler_timeout_seconds" in attempts[0]["error"]
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0

@@ -1,0 +1,116 @@
+"""Configuration errors stop start-up with one line naming the source and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.cli import load
+from service.core.settings import ConfigError, Settings
+from service.sources.config_file import load_inbox_config, parse_inbox_config
+
+
+def error_for(config: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_inbox_config(config)
+    return str(info.value)
+
+
+def test_unknown_kind_names_source_and_field() -> None:
+    message = error_for({"sources": {"pay": {"kind": "stripey"}}})
+    assert message.startswith("sources.pay.kind: unknown kind 'stripey'")
+
+
+def test_missing_kind() -> None:
+    assert error_for({"sources": {"pay": {}}}).startswith("sources.pay.kind: missing")
+
+
+def test_unknown_key_names_it() -> None:
+    message = error_for({"sources": {"s": {"kind": "generic", "id_header": "x", "idheader": "y"}}})
+    assert message == "sources.s.idheader: unknown key"
+
+
+def test_unknown_top_level_key() -> None:
+    assert error_for({"source": {}}) == "source: unknown key"
+
+
+def test_missing_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOPE_SECRET", raising=False)
+    config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:NOPE_SECRET"]}}}
+    assert error_for(config) == "sources.sw.secrets.0: environment variable NOPE_SECRET is not set"
+
+
+def test_empty_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMPTY_SECRET", "  ")
+    config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:EMPTY_SECRET"]}}}
+    assert error_for(config) == "sources.sw.secrets.0: environment variable EMPTY_SECRET is empty"
+
+
+def test_env_secret_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOK_SECRET", "s3cr3t-value")
+    config = {
+        "sources": {
+            "g": {
+                "kind": "generic",
+                "id_header": "x-id",
+                "secrets": ["env:HOOK_SECRET"],
+                "hmac": {"header": "x-sig"},
+            }
+        }
+    }
+    source = parse_inbox_config(config).sources["g"]
+    assert source.config.secret_values() == [b"s3cr3t-value"]
+    assert "s3cr3t-value" not in repr(source.config)
+
+
+@pytest.mark.parametrize("placeholder", ["changeme", "", "<your secret>"])
+def test_placeholder_or_empty_secret(placeholder: str) -> None:
+    config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": [placeholder]}}}
+    assert error_for(config).startswith("sources.sw.secrets.0: secret is")
+
+
+def test_standard_webhooks_needs_a_secret() -> None:
+    assert "at least one secret" in error_for({"sources": {"sw": {"kind": "standard-webhooks"}}})
+
+
+def test_generic_needs_an_id_rule() -> None:
+    assert "id_header, id_json_pointer" in error_for({"sources": {"g": {"kind": "generic"}}})
+
+
+def test_bad_mode() -> None:
+    message = error_for({"sources": {"g": {"kind": "generic", "id_header": "x", "mode": "later"}}})
+    assert message.startswith("sources.g.mode:")
+
+
+def test_bad_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.toml"
+    path.write_text("[sources.a\nkind=1")
+    with pytest.raises(ConfigError) as info:
+        load_inbox_config(path)
+    assert str(info.value).startswith(f"{path}: invalid TOML")
+
+
+def test_missing_file_is_an_empty_configuration(tmp_path: Path) -> None:
+    assert dict(load_inbox_config(tmp_path / "absent.toml").sources) == {}
+
+
+def test_admin_tokens_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INBOX_ADMIN_TOKENS", "one, two,,three")
+    tokens = [t.get_secret_value() for t in Settings().admin_tokens]
+    assert tokens == ["one", "two", "three"]
+
+
+def test_no_sources_only_when_inbox_config_is_unset_and_no_inbox_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DATABASE_URL", "postgresql://x")
+    _, inbox, _ = load()
+    assert dict(inbox.sources) == {}
+
+    # The default path is read when it exists, and a directory there is refused too.
+    (tmp_path / "inbox.toml").mkdir()
+    with pytest.raises(SystemExit, match=r"^config error: inbox\.toml: is a directory"):
+        load()

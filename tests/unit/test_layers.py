@@ -1,0 +1,60 @@
+"""Imports point down: no module of `service` imports one of a layer above its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "service"
+
+# Bottom to top. A module may import its own layer and the ones below it, never above.
+LAYERS = [
+    "service.core",  # settings, logging, metrics, the database, the schema
+    "service.sources",  # the kinds: verify a raw delivery; the sources file
+    "service.store",  # the only code that knows the SQL
+    "service.processing",  # the handler API, pipelines, running handlers, retry policy
+    "service.worker",  # claim loops, reaping, pruning
+    "service.api",  # HTTP: ingest, admin, health, metrics and their dependencies
+    "service",  # the app factory, the supervisor, the command line
+]
+
+
+def layer_of(module: str) -> int:
+    for rank, name in enumerate(LAYERS[:-1]):
+        if module == name or module.startswith(name + "."):
+            return rank
+    return len(LAYERS) - 1
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.Module) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return {name for name in found if name == "service" or name.startswith("service.")}
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        rank = layer_of(module)
+        for target in sorted(imported(ast.parse(path.read_text()))):
+            if layer_of(target) > rank:
+                upward.append(f"{module} ({LAYERS[rank]}) imports {target}")
+    assert upward == []
+
+
+def test_the_layer_map_ranks_modules_as_intended() -> None:
+    assert layer_of("service.core.db") == 0
+    assert layer_of("service.store.claims") == 2
+    assert layer_of("service.api.admin.cursor") == 5
+    assert layer_of("service.app") == 6
+    assert layer_of("service") == 6

@@ -1,0 +1,140 @@
+"""Pure logic of processing: backoff, failure classification, Retry-After, handler resolution."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from pathlib import Path
+
+import pytest
+
+from service import InboxMessage, PermanentFailure, RetryLater
+from service.cli import main
+from service.core.settings import ConfigError
+from service.processing.forward import parse_retry_after
+from service.processing.pipeline import resolve_pipelines
+from service.processing.policy import backoff_delay, classify_failure
+from service.sources.config import SourceConfig
+from service.sources.config_file import parse_inbox_config
+from tests.processing_helpers import config
+
+CFG = SourceConfig(kind="generic", max_attempts=3, backoff_base_seconds=2, backoff_max_seconds=60)
+
+
+def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
+    assert backoff_delay(1, 2, 60, rand=lambda: 1.0) == 2
+    assert backoff_delay(3, 2, 60, rand=lambda: 1.0) == 8
+    assert backoff_delay(10, 2, 60, rand=lambda: 1.0) == 60
+    assert backoff_delay(10_000, 2, 60, rand=lambda: 0.5) == 30
+    assert backoff_delay(4, 2, 60, rand=lambda: 0.0) == 0
+    assert all(0 <= backoff_delay(5, 2, 60) <= 32 for _ in range(200))
+
+
+def test_failures_are_classified() -> None:
+    assert classify_failure(ValueError("x"), 1, CFG).status == "retrying"
+    assert classify_failure(ValueError("x"), 3, CFG).status == "dead"
+    permanent = classify_failure(PermanentFailure("bad"), 1, CFG)
+    assert (permanent.status, permanent.outcome) == ("dead", "dead")
+    later = classify_failure(RetryLater(after_seconds=42), 2, CFG)
+    assert (later.status, later.outcome, later.delay_seconds) == ("retrying", "retry_later", 42)
+    assert classify_failure(RetryLater(after_seconds=42), 3, CFG).status == "dead"
+    long = classify_failure(RuntimeError("e" * 10_000), 1, CFG)
+    assert len(long.error) == 2_000
+    assert long.traceback is not None
+
+
+def test_retry_later_refuses_a_negative_delay() -> None:
+    with pytest.raises(ValueError, match="after_seconds"):
+        RetryLater(after_seconds=-1)
+
+
+def test_retry_after_reads_seconds_and_http_dates() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert parse_retry_after("3") == 3
+    assert parse_retry_after(format_datetime(now + timedelta(seconds=90), usegmt=True), now) == 90
+    assert parse_retry_after(format_datetime(now - timedelta(seconds=90), usegmt=True), now) == 0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+
+
+def test_payload_is_parsed_json_or_none() -> None:
+    def message(body: bytes) -> InboxMessage:
+        return InboxMessage(1, "s", "m", None, 1, {}, body)
+
+    assert message(b'{"a": [1]}').payload == {"a": [1]}
+    assert message(b"not json").payload is None
+    assert message(b"\xff\xfe").payload is None
+
+
+def test_handlers_resolve_and_match_event_type_globs() -> None:
+    inbox = parse_inbox_config(
+        config(
+            "tests.handlers:record",
+            handler=[{"target": "tests.handlers:permanent", "event_types": ["charge.refund*"]}],
+        )
+    )
+    pipeline = resolve_pipelines(inbox)["hooks"]
+    names = [h.__name__ for h in pipeline.handlers_for("charge.refunded")]
+    assert names == ["record", "permanent"]
+    assert [h.__name__ for h in pipeline.handlers_for("charge.created")] == ["record"]
+    assert [h.__name__ for h in pipeline.handlers_for(None)] == ["record"]
+
+
+@pytest.mark.parametrize(
+    ("source_extra", "message"),
+    [
+        (
+            {"handlers": ["tests.nope:handle"]},
+            "sources.hooks.handlers[0]: cannot import module 'tests.nope': ModuleNotFoundError",
+        ),
+        (
+            {"handlers": ["tests.handlers:missing"]},
+            "sources.hooks.handlers[0]: module 'tests.handlers' has no attribute 'missing'",
+        ),
+        (
+            {"handler": [{"target": "tests.handlers:not_async"}]},
+            "sources.hooks.handler[0].target: tests.handlers:not_async must be an `async def",
+        ),
+        (
+            {"handlers": ["tests.handlers:record"], "forward": {"url": "http://x/"}},
+            "sources.hooks.forward: a source either forwards or runs Python handlers",
+        ),
+        (
+            {"mode": "sync", "forward": {"url": "http://x/"}},
+            "sources.hooks.mode: sync mode runs Python handlers",
+        ),
+    ],
+)
+def test_bad_handler_configuration_is_refused_naming_source_and_field(
+    source_extra: dict[str, object], message: str
+) -> None:
+    cfg = config()
+    cfg["sources"]["hooks"].update(source_extra)
+    with pytest.raises(ConfigError) as caught:
+        resolve_pipelines(parse_inbox_config(cfg))
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+
+
+def test_worker_command_stops_with_one_line_on_a_bad_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "inbox.toml"
+    path.write_text(
+        '[sources.hooks]\nkind = "generic"\nid_header = "X-Id"\nhandlers = ["tests.nope:handle"]\n'
+    )
+    monkeypatch.setenv("INBOX_CONFIG", str(path))
+    monkeypatch.setenv("DATABASE_URL", "postgresql://unused@127.0.0.1:1/x")
+    with pytest.raises(SystemExit) as caught:
+        main(["worker"])
+    assert str(caught.value).startswith(
+        f"config error: {path}: sources.hooks.handlers[0]: cannot import module 'tests.nope'"
+    )
+
+
+def test_worker_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["worker", "--help"])
+    out = capsys.readouterr().out
+    assert "--concurrency" in out
+    assert "grace period" in out
