@@ -1,4 +1,4 @@
-"""The worker's SQL: claim due messages, lease forwards, record attempts, reap expired leases."""
+"""The worker's SQL: claim due messages (each claim a lease), record attempts, reap expired claims."""
 
 from __future__ import annotations
 
