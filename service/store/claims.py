@@ -1,4 +1,4 @@
-"""The worker's SQL: claim due messages (each claim a lease), record attempts, reap expired claims."""
+"""The worker's SQL: claim due messages (each claim a lease), record attempts, reap claims."""
 
 from __future__ import annotations
 
