@@ -1,0 +1,414 @@
+"""`messages`, `dead-letters` and `stats`: the admin API's reads and actions, from the shell.
+
+Same store functions, same filters and validation, same JSON documents (`--json`) as the admin
+API; what differs is the cursor, which here is the readable position `<received_at>/<id>` of
+the last row shown (the shell already has the database, so there is nothing to sign).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import socket
+from collections.abc import Coroutine
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.api.admin.messages import detail_from_row, to_filter
+from service.api.admin.models import (
+    DeadLetterQuery,
+    MessageDetail,
+    MessageQuery,
+    MessageSummary,
+    RetryResult,
+)
+from service.api.admin.operations import collect_stats
+from service.commands.database import operator_engine, operator_settings
+from service.commands.outcome import CommandError, Exit
+from service.commands.output import age, print_json, table
+from service.core.schema import Status
+from service.store import admin as store
+from service.store.admin import MessageFilter, Position
+
+FILTERS_HELP = """
+Filters combine with AND, as in GET /admin/messages. Times are ISO 8601 (no offset: UTC).
+The database is DATABASE_URL's, or the embedded PostgreSQL under INBOX_DATA_DIR (default
+.inbox) that `serve` runs: run the command in the directory `serve` runs in.
+Exit status: 0 done, 1 not found or not allowed, 2 usage error, 3 database unavailable.
+"""
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    messages = subcommand(
+        commands,
+        "messages",
+        help="list, show, retry, replay or discard messages (the admin API from the shell)",
+        description="The inbox's messages, through the same store functions as the admin API.",
+    )
+    actions = messages.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    listing = subcommand(
+        actions,
+        "list",
+        help="messages, newest first, filtered and paged",
+        description="List messages, newest first, filtered and paged (GET /admin/messages).",
+    )
+    add_filters(listing, statuses=True)
+    add_paging(listing)
+    listing.set_defaults(run=lambda args: run(list_messages(args, "messages")))
+
+    show = subcommand(
+        actions,
+        "show",
+        help="one message: headers, body, attempts",
+        description="Show one message with its headers, body and attempt history "
+        "(GET /admin/messages/{id}).",
+    )
+    show.add_argument("id", type=inbox_id, help="the inbox row id (the ID column of `list`)")
+    add_json(show)
+    show.set_defaults(run=lambda args: run(show_message(args)))
+
+    for name, help_text, description in (
+        (
+            "retry",
+            "give a retrying, dead or discarded message a fresh attempt budget",
+            "Move a retrying, dead or discarded message back to pending with a fresh attempt "
+            "budget (POST /admin/messages/{id}/retry). A processed message needs `replay`.",
+        ),
+        (
+            "replay",
+            "run a message's handlers again, even a processed one",
+            "Retry a message even if it was processed: its handlers run again "
+            '(POST /admin/messages/{id}/retry with {"force": true}).',
+        ),
+        (
+            "discard",
+            "set a message aside; redeliveries stay duplicates",
+            "Set a pending, retrying or dead message aside as discarded; its dedup row stays "
+            "(POST /admin/messages/{id}/discard).",
+        ),
+    ):
+        action = subcommand(
+            actions,
+            name,
+            help=help_text,
+            description=description,
+        )
+        action.add_argument("id", type=inbox_id, help="the inbox row id")
+        add_json(action)
+        action.set_defaults(run=lambda args, name=name: run(change_message(args, name)))
+
+    dead = subcommand(
+        commands,
+        "dead-letters",
+        help="the dead messages, newest first",
+        description="List dead messages (attempts exhausted or failed permanently), newest "
+        "first (GET /admin/dead-letters). Retry one with `messages retry ID`.",
+    )
+    add_filters(dead, statuses=False)
+    add_paging(dead)
+    dead.set_defaults(run=lambda args: run(list_messages(args, "dead-letters")))
+
+    stats = subcommand(
+        commands,
+        "stats",
+        help="counts by source and status, backlog age, last hour's attempts",
+        description="Count messages by source and status; show the backlog's age and the last "
+        "hour's attempts (GET /admin/stats).",
+    )
+    add_json(stats)
+    stats.set_defaults(run=lambda args: run(show_stats(args)))
+
+
+def subcommand(
+    parent: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """A command whose help ends with the filters, database and exit statuses explained."""
+    return parent.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=FILTERS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="print the admin API's JSON document instead"
+    )
+
+
+def add_filters(parser: argparse.ArgumentParser, *, statuses: bool) -> None:
+    group = parser.add_argument_group("filters")
+    group.add_argument("--source", help="only this source's messages")
+    if statuses:
+        group.add_argument(
+            "--status",
+            action="append",
+            default=[],
+            choices=[s.value for s in Status],
+            metavar="STATUS",
+            help="only messages in this status (pending, processing, processed, retrying, dead, "
+            "discarded); repeat for several",
+        )
+    group.add_argument("--event-type", help="only this event type")
+    group.add_argument("--message-id", help="only the message with this dedup key")
+    group.add_argument(
+        "--received-after",
+        "--since",
+        metavar="TIME",
+        help="first received at or after TIME (ISO 8601)",
+    )
+    group.add_argument(
+        "--received-before", "--until", metavar="TIME", help="first received before TIME"
+    )
+    group.add_argument(
+        "--error-type", help="whose latest failed attempt raised this exception type"
+    )
+
+
+def add_paging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit", type=int, default=50, help="rows per page, 1 to 500 (default 50)"
+    )
+    parser.add_argument(
+        "--cursor", help="continue after this position (the `next` line of the previous page)"
+    )
+    add_json(parser)
+
+
+def inbox_id(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an inbox id (a number)") from None
+    if not 1 <= number <= 2**63 - 1:
+        raise argparse.ArgumentTypeError(f"{value} is not an inbox id (1 or more)")
+    return number
+
+
+def run(command: Coroutine[Any, Any, Exit]) -> Exit:
+    return asyncio.run(command)
+
+
+def validated(model: type[BaseModel], values: dict[str, Any]) -> Any:
+    """`values` checked by the admin API's own query model: one line and exit 2 if refused."""
+    try:
+        return model.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "value"
+        raise CommandError(f"{option}: {first['msg']}", Exit.USAGE) from None
+
+
+def encode_position(position: Position) -> str:
+    return f"{position.received_at.isoformat()}/{position.id}"
+
+
+def decode_position(cursor: str) -> Position:
+    when, slash, number = cursor.rpartition("/")
+    try:
+        if not slash:
+            raise ValueError
+        return Position(datetime.fromisoformat(when), int(number))
+    except ValueError:
+        raise CommandError(
+            f"--cursor {cursor!r} is not a position: pass the `next` value a page printed",
+            Exit.USAGE,
+        ) from None
+
+
+def query_filters(args: argparse.Namespace, listing: str) -> tuple[MessageFilter, int]:
+    values = {
+        "source": args.source,
+        "event_type": args.event_type,
+        "message_id": args.message_id,
+        "received_after": args.received_after,
+        "received_before": args.received_before,
+        "error_type": args.error_type,
+        "limit": args.limit,
+    }
+    if listing == "messages":
+        query = validated(MessageQuery, {**values, "status": args.status})
+        return to_filter(query, list(query.status)), query.limit
+    query = validated(DeadLetterQuery, values)
+    return to_filter(query, [Status.DEAD]), query.limit
+
+
+async def list_messages(args: argparse.Namespace, listing: str) -> Exit:
+    filters, limit = query_filters(args, listing)
+    after = decode_position(args.cursor) if args.cursor else None
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        rows, last = await store.list_messages(engine, filters, limit, after)
+    items = [MessageSummary.from_row(r) for r in rows]
+    next_cursor = None if last is None else encode_position(last)
+    if args.json:
+        print_json(
+            {"items": [i.model_dump(mode="json") for i in items], "next_cursor": next_cursor}
+        )
+        return Exit.OK
+    print(summary_table(items))
+    if next_cursor is not None:
+        print(f"next: --cursor '{next_cursor}'")
+    return Exit.OK
+
+
+def summary_table(items: list[MessageSummary]) -> str:
+    if not items:
+        return "no messages match"
+    return table(
+        ["ID", "SOURCE", "MESSAGE ID", "EVENT TYPE", "STATUS", "ATTEMPTS", "RECEIVED", "ERROR"],
+        [
+            [
+                m.id,
+                m.source,
+                m.message_id,
+                m.event_type,
+                m.status.value,
+                m.attempt_count,
+                m.received_at,
+                m.last_error,
+            ]
+            for m in items
+        ],
+    )
+
+
+async def show_message(args: argparse.Namespace) -> Exit:
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        row = await acting(store.get_message(engine, args.id))
+    detail = detail_from_row(row)
+    if args.json:
+        print_json(detail)
+    else:
+        print(describe_detail(detail))
+    return Exit.OK
+
+
+def describe_detail(detail: MessageDetail) -> str:
+    fields = [
+        ("id", detail.id),
+        ("source", detail.source),
+        ("message id", detail.message_id),
+        ("event type", detail.event_type),
+        ("status", detail.status.value),
+        ("attempts", detail.attempt_count),
+        ("received", f"{detail.received_at.isoformat()} ({detail.receive_count} deliveries)"),
+        ("next attempt", detail.next_attempt_at.isoformat()),
+        ("processed", detail.processed_at.isoformat() if detail.processed_at else None),
+        ("last error", detail.last_error),
+        ("content type", detail.content_type),
+    ]
+    lines = [f"{name + ':':<14}{'-' if value is None else value}" for name, value in fields]
+    lines.append("headers:")
+    lines += [f"  {name}: {value}" for name, value in detail.headers.items()]
+    if detail.body_base64 is not None:
+        lines.append(f"body (base64): {detail.body_base64}")
+    else:
+        lines.append("payload:")
+        lines += ["  " + line for line in json.dumps(detail.payload, indent=2).splitlines()]
+    lines.append("history:")
+    if detail.attempts:
+        history = table(
+            ["#", "STARTED", "OUTCOME", "ERROR", "MS", "ACTOR"],
+            [
+                [a.attempt, a.started_at, a.outcome, a.error, a.duration_ms, a.actor]
+                for a in detail.attempts
+            ],
+        )
+        lines += ["  " + line for line in history.splitlines()]
+    else:
+        lines.append("  (no attempts yet)")
+    return "\n".join(lines)
+
+
+def actor() -> str:
+    """Who the history records for an action taken here: the shell's user and host."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+async def acting(action: Coroutine[Any, Any, Any]) -> Any:
+    """The store's refusals as exit status 1 with the admin API's wording."""
+    try:
+        return await action
+    except store.MessageNotFound as exc:
+        raise CommandError(f"no message with id {exc.args[0]}", Exit.FAILED) from None
+    except store.InvalidTransition as exc:
+        detail = exc.detail.replace('send {"force": true} to do that', "use `replay` for that")
+        raise CommandError(detail, Exit.FAILED) from None
+
+
+async def apply_change(
+    engine: AsyncEngine, name: str, message_id: int, who: str
+) -> tuple[dict[str, Any], str]:
+    """Retry, replay or discard one message; the row after it and the action recorded."""
+    if name == "discard":
+        row, changed = await store.discard_message(engine, message_id, who)
+        return row, store.ADMIN_DISCARD if changed else "none"
+    return await store.retry_message(engine, message_id, who, force=name == "replay")
+
+
+async def change_message(args: argparse.Namespace, name: str) -> Exit:
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        row, action = await acting(apply_change(engine, name, args.id, actor()))
+    result = RetryResult.model_validate({**row, "attempt_count": row["attempts"], "action": action})
+    if args.json:
+        print_json(result)
+    elif action == "none":
+        print(f"message {result.id} was already discarded; nothing changed")
+    else:
+        print(
+            f"message {result.id} ({result.source} {result.message_id}): {action}, "
+            f"now {result.status.value}"
+        )
+    return Exit.OK
+
+
+async def show_stats(args: argparse.Namespace) -> Exit:
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        stats = await collect_stats(engine)
+    if args.json:
+        print_json(stats)
+        return Exit.OK
+    statuses = [s.value for s in Status]
+    rows: list[list[Any]] = [
+        [
+            s.source,
+            *(s.counts.get(st, 0) for st in statuses),
+            s.total,
+            age(s.oldest_pending_age_seconds),
+        ]
+        for s in stats.sources
+    ]
+    rows.append(
+        [
+            "(all)",
+            *(stats.by_status.get(st, 0) for st in statuses),
+            stats.total,
+            age(stats.oldest_pending_age_seconds),
+        ]
+    )
+    print(table(["SOURCE", *(s.upper() for s in statuses), "TOTAL", "OLDEST UNFINISHED"], rows))
+    print(
+        f"last hour: {stats.attempts_last_hour} attempts, {stats.failures_last_hour} failed, "
+        f"{stats.admin_actions_last_hour} admin actions"
+    )
+    return Exit.OK
