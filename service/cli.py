@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.commands import inbox as inbox_commands
+from service.commands import send as send_command
 from service.commands.outcome import CommandError
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
     )
     inbox_commands.add_commands(commands)
+    send_command.add_command(commands)
     return parser
 
 
