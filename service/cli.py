@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from service.commands import db_url as db_url_command
 from service.commands import inbox as inbox_commands
 from service.commands import send as send_command
 from service.commands.outcome import CommandError
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inbox_commands.add_commands(commands)
     send_command.add_command(commands)
+    db_url_command.add_command(commands)
     return parser
 
 
