@@ -35,12 +35,17 @@ from service.core.schema import Status
 from service.store import admin as store
 from service.store.admin import MessageFilter, Position
 
-FILTERS_HELP = """
-Filters combine with AND, as in GET /admin/messages. Times are ISO 8601 (no offset: UTC).
-The database is DATABASE_URL's, or the embedded PostgreSQL under INBOX_DATA_DIR (default
-.inbox) that `serve` runs: run the command in the directory `serve` runs in.
+DATABASE_HELP = """
+The database is DATABASE_URL's, or else the embedded PostgreSQL under INBOX_DATA_DIR (default
+.inbox) that `serve` runs: run the command where `serve` runs. One that is stopped is started
+for the command; a missing one is not created.
 Exit status: 0 done, 1 not found or not allowed, 2 usage error, 3 database unavailable.
 """
+FILTERS_HELP = (
+    """
+Filters combine with AND, as in GET /admin/messages. Times are ISO 8601 (no offset: UTC)."""
+    + DATABASE_HELP
+)
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +54,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "messages",
         help="list, show, retry, replay or discard messages (the admin API from the shell)",
         description="The inbox's messages, through the same store functions as the admin API.",
+        epilog=FILTERS_HELP,
     )
     actions = messages.add_subparsers(dest="action", required=True, metavar="ACTION")
 
@@ -57,6 +63,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "list",
         help="messages, newest first, filtered and paged",
         description="List messages, newest first, filtered and paged (GET /admin/messages).",
+        epilog=FILTERS_HELP,
     )
     add_filters(listing, statuses=True)
     add_paging(listing)
@@ -109,6 +116,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the dead messages, newest first",
         description="List dead messages (attempts exhausted or failed permanently), newest "
         "first (GET /admin/dead-letters). Retry one with `messages retry ID`.",
+        epilog=FILTERS_HELP,
     )
     add_filters(dead, statuses=False)
     add_paging(dead)
@@ -131,13 +139,14 @@ def subcommand(
     *,
     help: str,
     description: str,
+    epilog: str = DATABASE_HELP,
 ) -> argparse.ArgumentParser:
-    """A command whose help ends with the filters, database and exit statuses explained."""
+    """A command whose help ends with where its database is and its exit statuses."""
     return parent.add_parser(
         name,
         help=help,
         description=description,
-        epilog=FILTERS_HELP,
+        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -161,7 +170,9 @@ def add_filters(parser: argparse.ArgumentParser, *, statuses: bool) -> None:
             help="only messages in this status (pending, processing, processed, retrying, dead, "
             "discarded); repeat for several",
         )
-    group.add_argument("--event-type", help="only this event type")
+    group.add_argument(
+        "--event-type", help="only this event type, matched as the admin API matches it"
+    )
     group.add_argument("--message-id", help="only the message with this dedup key")
     group.add_argument(
         "--received-after",
