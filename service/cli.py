@@ -229,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             sys.exit(args.run(args))
         except CommandError as exc:
-            print(f"webhook-inbox {args.command}: {exc.message}", file=sys.stderr)
+            command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+            print(f"webhook-inbox {command}: {exc.message}", file=sys.stderr)
             sys.exit(exc.status)
     if args.command == "serve":
         serve(args)

@@ -12,6 +12,7 @@ import asyncio
 import getpass
 import json
 import socket
+import textwrap
 from collections.abc import Coroutine
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.admin.messages import detail_from_row, to_filter
 from service.api.admin.models import (
+    BulkRetryRequest,
+    BulkRetryResult,
     DeadLetterQuery,
     MessageDetail,
     MessageQuery,
@@ -110,6 +113,23 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         add_json(action)
         action.set_defaults(run=lambda args, name=name: run(change_message(args, name)))
 
+    bulk = subcommand(
+        actions,
+        "bulk-retry",
+        help="retry every message matching the filters; --dry-run counts them",
+        description="Retry every message matching the filters, in batches "
+        "(POST /admin/messages/retry): the retrying and dead ones unless --status names "
+        "others; discarded ones only when named, processed ones only when named and --force.",
+        epilog=FILTERS_HELP,
+    )
+    add_filters(bulk, statuses=True)
+    bulk.add_argument(
+        "--force", action="store_true", help="replay the processed messages --status names"
+    )
+    bulk.add_argument("--dry-run", action="store_true", help="only count the matching messages")
+    add_json(bulk)
+    bulk.set_defaults(run=lambda args: run(bulk_retry(args)))
+
     dead = subcommand(
         commands,
         "dead-letters",
@@ -145,7 +165,7 @@ def subcommand(
     return parent.add_parser(
         name,
         help=help,
-        description=description,
+        description=textwrap.fill(description, width=92),
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -239,16 +259,19 @@ def decode_position(cursor: str) -> Position:
         ) from None
 
 
-def query_filters(args: argparse.Namespace, listing: str) -> tuple[MessageFilter, int]:
-    values = {
+def filter_values(args: argparse.Namespace) -> dict[str, Any]:
+    return {
         "source": args.source,
         "event_type": args.event_type,
         "message_id": args.message_id,
         "received_after": args.received_after,
         "received_before": args.received_before,
         "error_type": args.error_type,
-        "limit": args.limit,
     }
+
+
+def query_filters(args: argparse.Namespace, listing: str) -> tuple[MessageFilter, int]:
+    values = {**filter_values(args), "limit": args.limit}
     if listing == "messages":
         query = validated(MessageQuery, {**values, "status": args.status})
         return to_filter(query, list(query.status)), query.limit
@@ -422,4 +445,32 @@ async def show_stats(args: argparse.Namespace) -> Exit:
         f"last hour: {stats.attempts_last_hour} attempts, {stats.failures_last_hour} failed, "
         f"{stats.admin_actions_last_hour} admin actions"
     )
+    return Exit.OK
+
+
+async def bulk_retry(args: argparse.Namespace) -> Exit:
+    request = validated(
+        BulkRetryRequest,
+        {
+            **filter_values(args),
+            "status": args.status,
+            "force": args.force,
+            "dry_run": args.dry_run,
+        },
+    )
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        result = await store.bulk_retry(
+            engine,
+            to_filter(request, list(request.status)),
+            actor(),
+            force=request.force,
+            dry_run=request.dry_run,
+        )
+    if args.json:
+        print_json(BulkRetryResult(matched=result.matched, retried=result.retried))
+    elif request.dry_run:
+        print(f"{result.matched} messages match; run again without --dry-run to retry them")
+    else:
+        print(f"{result.matched} messages matched, {result.retried} retried")
     return Exit.OK

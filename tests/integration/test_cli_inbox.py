@@ -192,3 +192,33 @@ async def test_no_database_exits_3_and_says_where_it_looked(
         await drop_database(pg_server, empty)
     assert bare.status == 3
     assert "run `webhook-inbox migrate`" in bare.err
+
+
+async def test_bulk_retry_counts_first_then_retries_what_the_filters_match(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = [await seed(db, f"m-dead-{n}", status="dead") for n in range(3)]
+    other = await seed(db, "m-other", source="other", status="dead")
+    done = await seed(db, "m-done", status="processed")
+
+    counted = await cli(
+        monkeypatch, database_url, "messages", "bulk-retry", "--source", "hooks", "--dry-run"
+    )
+    assert (counted.status, counted.out.split()[0]) == (0, "3")
+    assert {await status_of(db, m) for m in dead} == {"dead"}
+
+    retried = await cli(
+        monkeypatch, database_url, "messages", "bulk-retry", "--source", "hooks", "--json"
+    )
+    assert (retried.status, retried.json()) == (0, {"matched": 3, "retried": 3})
+    assert {await status_of(db, m) for m in dead} == {"pending"}
+    assert await status_of(db, other) == "dead"
+    assert await status_of(db, done) == "processed"  # a replay must be named and forced
+
+    replayed = await cli(
+        monkeypatch,
+        database_url,
+        *("messages", "bulk-retry", "--status", "processed", "--force", "--json"),
+    )
+    assert replayed.json() == {"matched": 1, "retried": 1}
+    assert await status_of(db, done) == "pending"
