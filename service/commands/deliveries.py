@@ -183,6 +183,11 @@ def standard_webhooks(source: AnySource, wanted: Wanted) -> Delivery:
     message_id = wanted.message_id or new_id("msg_")
     sent_at = timestamp()
     assert isinstance(source, StandardWebhooksSource)
+    if not source.keys:
+        raise CannotBuild(
+            f"source {source.name!r} has only public keys (v1a, ed25519); signing needs the "
+            "sender's private key: add a whsec_ secret to send v1 signatures"
+        )
     key = source.keys[0]
     headers = {
         "content-type": JSON,
