@@ -103,6 +103,10 @@ def test_the_ledger_example_runs_as_documented(tmp_path: Path) -> None:
             env,
         )
         assert '"status":"duplicate"' in again
+        # The console script (not `python -m`, which would put the directory on sys.path
+        # itself) imports myapp.billing from the working directory, as the page says.
+        pruned = shell(".venv/bin/webhook-inbox prune", tmp_path, env)
+        assert pruned.startswith("pruned 0 rows")
         versions = asyncio.run(versions_of(url))
         assert versions == {"myapp_alembic_version": "myapp_0001", "alembic_version": "0002"}
     assert asyncio.run(ledger_rows(url, wait=False)) is None  # the embedded server went with serve
