@@ -14,6 +14,7 @@ import json
 import socket
 import textwrap
 from collections.abc import Coroutine
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +25,8 @@ from service.api.admin.messages import detail_from_row, to_filter
 from service.api.admin.models import (
     BulkRetryRequest,
     BulkRetryResult,
+    DeadLetterGroup,
+    DeadLetterGroups,
     DeadLetterQuery,
     MessageDetail,
     MessageQuery,
@@ -135,12 +138,19 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "dead-letters",
         help="the dead messages, newest first",
         description="List dead messages (attempts exhausted or failed permanently), newest "
-        "first (GET /admin/dead-letters). Retry one with `messages retry ID`.",
+        "first (GET /admin/dead-letters). Retry one with `messages retry ID`, or all that "
+        "match with `messages bulk-retry`.",
         epilog=FILTERS_HELP,
     )
     add_filters(dead, statuses=False)
     add_paging(dead)
-    dead.set_defaults(run=lambda args: run(list_messages(args, "dead-letters")))
+    dead.add_argument(
+        "--groups",
+        action="store_true",
+        help="count them by the error type of their last failed attempt instead "
+        "(GET /admin/dead-letters/groups; no paging)",
+    )
+    dead.set_defaults(run=lambda args: run(list_dead_letters(args)))
 
     stats = subcommand(
         commands,
@@ -277,6 +287,40 @@ def query_filters(args: argparse.Namespace, listing: str) -> tuple[MessageFilter
         return to_filter(query, list(query.status)), query.limit
     query = validated(DeadLetterQuery, values)
     return to_filter(query, [Status.DEAD]), query.limit
+
+
+async def list_dead_letters(args: argparse.Namespace) -> Exit:
+    if not args.groups:
+        return await list_messages(args, "dead-letters")
+    if args.cursor:
+        raise CommandError("--groups has no pages: drop --cursor", Exit.USAGE)
+    filters, _ = query_filters(args, "dead-letters")
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        groups = await store.dead_letter_groups(engine, filters)
+    document = DeadLetterGroups(groups=[DeadLetterGroup.model_validate(asdict(g)) for g in groups])
+    if args.json:
+        print_json(document)
+    elif not groups:
+        print("no dead letters match")
+    else:
+        print(
+            table(
+                ["ERROR TYPE", "COUNT", "SOURCES", "OLDEST", "NEWEST", "LATEST ERROR"],
+                [
+                    [
+                        g.error_type,
+                        g.count,
+                        ",".join(g.sources),
+                        g.oldest_received_at,
+                        g.newest_received_at,
+                        g.latest_error,
+                    ]
+                    for g in document.groups
+                ],
+            )
+        )
+    return Exit.OK
 
 
 async def list_messages(args: argparse.Namespace, listing: str) -> Exit:

@@ -33,11 +33,14 @@ async def test_list_show_and_stats_answer_what_the_admin_api_answers(
     shown = await cli(monkeypatch, database_url, "messages", "show", str(dead), "--json")
     dead_letters = await cli(monkeypatch, database_url, "dead-letters", "--json")
     stats = await cli(monkeypatch, database_url, "stats", "--json")
+    groups = await cli(monkeypatch, database_url, "dead-letters", "--groups", "--json")
+    groups_table = await cli(monkeypatch, database_url, "dead-letters", "--groups")
     async with admin_client(client_for) as client:
         api_list = (await client.get("/admin/messages", headers=AUTH)).json()
         api_detail = (await client.get(f"/admin/messages/{dead}", headers=AUTH)).json()
         api_dead = (await client.get("/admin/dead-letters", headers=AUTH)).json()
         api_stats = (await client.get("/admin/stats", headers=AUTH)).json()
+        api_groups = (await client.get("/admin/dead-letters/groups", headers=AUTH)).json()
 
     assert (listed.status, shown.status, dead_letters.status, stats.status) == (0, 0, 0, 0)
     assert listed.json() == api_list
@@ -45,6 +48,9 @@ async def test_list_show_and_stats_answer_what_the_admin_api_answers(
     assert dead_letters.json() == api_dead
     assert [m["message_id"] for m in dead_letters.json()["items"]] == ["m-dead"]
     assert without_ages(stats.json()) == without_ages(api_stats)
+    assert groups.json() == api_groups
+    assert groups.json()["groups"][0]["error_type"] == "RuntimeError"
+    assert groups_table.out.splitlines()[1].split()[:3] == ["RuntimeError", "1", "hooks"]
 
 
 def without_ages(stats: dict[str, Any]) -> dict[str, Any]:
