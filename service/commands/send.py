@@ -103,6 +103,13 @@ def run(args: argparse.Namespace) -> Exit:
     configure_logging("WARNING", settings.log_format, role="cli")
     inbox = load_sources(settings)
     source = inbox.sources.get(args.source)
+    if source is None and not Path(settings.config).exists():
+        raise CommandError(
+            f"no source {args.source!r}: there is no {settings.config} here and INBOX_CONFIG "
+            "is unset (`make run` serves inbox.example.toml then: set "
+            "INBOX_CONFIG=inbox.example.toml DEMO_WEBHOOK_SECRET=demo-local-secret)",
+            Exit.USAGE,
+        )
     if source is None:
         known = ", ".join(sorted(inbox.sources)) or "none"
         raise CommandError(

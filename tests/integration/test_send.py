@@ -4,6 +4,7 @@ providers' own libraries where they publish one; the same id twice is a duplicat
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import standardwebhooks
@@ -12,6 +13,7 @@ import stripe
 from service.commands.deliveries import CannotBuild, Wanted, build_delivery
 from service.sources.config_file import parse_inbox_config
 from tests.admin_seed import AUTH, TOKEN
+from tests.cli_runner import run_cli
 from tests.conftest import AppFactory
 from tests.send_sources import (
     SENDABLE,
@@ -120,3 +122,13 @@ def test_kinds_only_their_provider_can_sign_are_refused_with_a_reason(
 def test_options_a_source_cannot_honour_are_refused(name: str, wanted: Wanted, reason: str) -> None:
     with pytest.raises(CannotBuild, match=reason):
         build_delivery(SOURCES[name], wanted)
+
+
+def test_without_a_sources_file_send_says_which_one_make_run_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    ran = run_cli("send", "demo")
+    assert ran.status == 2
+    assert "there is no inbox.toml here and INBOX_CONFIG is unset" in ran.err
+    assert "INBOX_CONFIG=inbox.example.toml" in ran.err
