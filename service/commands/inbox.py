@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import json
 import socket
 import textwrap
 from collections.abc import Coroutine
@@ -28,7 +27,6 @@ from service.api.admin.models import (
     DeadLetterGroup,
     DeadLetterGroups,
     DeadLetterQuery,
-    MessageDetail,
     MessageQuery,
     MessageSummary,
     RetryResult,
@@ -36,7 +34,8 @@ from service.api.admin.models import (
 from service.api.admin.operations import collect_stats
 from service.commands.database import operator_engine, operator_settings
 from service.commands.outcome import CommandError, Exit
-from service.commands.output import age, print_json, table
+from service.commands.output import print_json
+from service.commands.views import describe_detail, groups_table, stats_table, summary_table
 from service.core.schema import Status
 from service.store import admin as store
 from service.store.admin import MessageFilter, Position
@@ -304,22 +303,7 @@ async def list_dead_letters(args: argparse.Namespace) -> Exit:
     elif not groups:
         print("no dead letters match")
     else:
-        print(
-            table(
-                ["ERROR TYPE", "COUNT", "SOURCES", "OLDEST", "NEWEST", "LATEST ERROR"],
-                [
-                    [
-                        g.error_type,
-                        g.count,
-                        ",".join(g.sources),
-                        g.oldest_received_at,
-                        g.newest_received_at,
-                        g.latest_error,
-                    ]
-                    for g in document.groups
-                ],
-            )
-        )
+        print(groups_table(document))
     return Exit.OK
 
 
@@ -342,27 +326,6 @@ async def list_messages(args: argparse.Namespace, listing: str) -> Exit:
     return Exit.OK
 
 
-def summary_table(items: list[MessageSummary]) -> str:
-    if not items:
-        return "no messages match"
-    return table(
-        ["ID", "SOURCE", "MESSAGE ID", "EVENT TYPE", "STATUS", "ATTEMPTS", "RECEIVED", "ERROR"],
-        [
-            [
-                m.id,
-                m.source,
-                m.message_id,
-                m.event_type,
-                m.status.value,
-                m.attempt_count,
-                m.received_at,
-                m.last_error,
-            ]
-            for m in items
-        ],
-    )
-
-
 async def show_message(args: argparse.Namespace) -> Exit:
     settings = operator_settings()
     async with operator_engine(settings) as engine:
@@ -373,43 +336,6 @@ async def show_message(args: argparse.Namespace) -> Exit:
     else:
         print(describe_detail(detail))
     return Exit.OK
-
-
-def describe_detail(detail: MessageDetail) -> str:
-    fields = [
-        ("id", detail.id),
-        ("source", detail.source),
-        ("message id", detail.message_id),
-        ("event type", detail.event_type),
-        ("status", detail.status.value),
-        ("attempts", detail.attempt_count),
-        ("received", f"{detail.received_at.isoformat()} ({detail.receive_count} deliveries)"),
-        ("next attempt", detail.next_attempt_at.isoformat()),
-        ("processed", detail.processed_at.isoformat() if detail.processed_at else None),
-        ("last error", detail.last_error),
-        ("content type", detail.content_type),
-    ]
-    lines = [f"{name + ':':<14}{'-' if value is None else value}" for name, value in fields]
-    lines.append("headers:")
-    lines += [f"  {name}: {value}" for name, value in detail.headers.items()]
-    if detail.body_base64 is not None:
-        lines.append(f"body (base64): {detail.body_base64}")
-    else:
-        lines.append("payload:")
-        lines += ["  " + line for line in json.dumps(detail.payload, indent=2).splitlines()]
-    lines.append("history:")
-    if detail.attempts:
-        history = table(
-            ["#", "STARTED", "OUTCOME", "ERROR", "MS", "ACTOR"],
-            [
-                [a.attempt, a.started_at, a.outcome, a.error, a.duration_ms, a.actor]
-                for a in detail.attempts
-            ],
-        )
-        lines += ["  " + line for line in history.splitlines()]
-    else:
-        lines.append("  (no attempts yet)")
-    return "\n".join(lines)
 
 
 def actor() -> str:
@@ -466,29 +392,7 @@ async def show_stats(args: argparse.Namespace) -> Exit:
     if args.json:
         print_json(stats)
         return Exit.OK
-    statuses = [s.value for s in Status]
-    rows: list[list[Any]] = [
-        [
-            s.source,
-            *(s.counts.get(st, 0) for st in statuses),
-            s.total,
-            age(s.oldest_pending_age_seconds),
-        ]
-        for s in stats.sources
-    ]
-    rows.append(
-        [
-            "(all)",
-            *(stats.by_status.get(st, 0) for st in statuses),
-            stats.total,
-            age(stats.oldest_pending_age_seconds),
-        ]
-    )
-    print(table(["SOURCE", *(s.upper() for s in statuses), "TOTAL", "OLDEST UNFINISHED"], rows))
-    print(
-        f"last hour: {stats.attempts_last_hour} attempts, {stats.failures_last_hour} failed, "
-        f"{stats.admin_actions_last_hour} admin actions"
-    )
+    print(stats_table(stats))
     return Exit.OK
 
 
