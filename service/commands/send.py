@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> Exit:
         response = httpx.post(
             url,
             content=delivery.body,
-            headers=delivery.headers,
+            headers={"user-agent": "webhook-inbox send", **delivery.headers},
             params=delivery.query,
             timeout=args.timeout,
         )
