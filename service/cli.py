@@ -1,9 +1,10 @@
-"""The `webhook-inbox` command: serve, worker, migrate, prune."""
+"""The `webhook-inbox` command: serve, worker, migrate, prune, and the operator commands."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import signal
 import sys
@@ -13,6 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from service.commands import db_url as db_url_command
+from service.commands import inbox as inbox_commands
+from service.commands import send as send_command
+from service.commands.outcome import CommandError
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
 from service.core.metrics import Metrics
@@ -61,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"webhook-inbox {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser(
@@ -120,7 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
         "[retention] allows, never inside a source's redelivery window; print what went.",
         epilog=EPILOG,
     )
+    inbox_commands.add_commands(commands)
+    send_command.add_command(commands)
+    db_url_command.add_command(commands)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's, once synced)."""
+    try:
+        return importlib.metadata.version("webhook-inbox")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout never installed
+        return "unknown"
 
 
 def positive(value: str) -> int:
@@ -208,6 +225,13 @@ def worker(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if hasattr(args, "run"):
+        try:
+            sys.exit(args.run(args))
+        except CommandError as exc:
+            command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+            print(f"webhook-inbox {command}: {exc.message}", file=sys.stderr)
+            sys.exit(exc.status)
     if args.command == "serve":
         serve(args)
     elif args.command == "worker":

@@ -1,12 +1,20 @@
-"""The command line as a real process: a bad configuration stops `serve` with one line; help."""
+"""The command line as a real process: a bad configuration stops `serve` with one line; help;
+`--version`; `send` and `messages` against a running `serve`."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_runner import Ran
+from tests.send_sources import SENDABLE, SOURCES_TOML
+from tests.server import ServerProcess
 
 
 def serve_refusing(config: Path) -> str:
@@ -59,3 +67,54 @@ def test_help(command: list[str]) -> None:
     )
     assert result.returncode == 0
     assert "DATABASE_URL" in result.stdout
+
+
+def webhook_inbox(*args: str, env: dict[str, str], cwd: Path | None = None) -> Ran:
+    """The installed `webhook-inbox` command, as a shell runs it."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "webhook-inbox"), *args],
+        env={**os.environ, "INBOX_LOG_LEVEL": "WARNING", **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return Ran(result.returncode, result.stdout, result.stderr)
+
+
+def test_version() -> None:
+    ran = webhook_inbox("--version", env={})
+    assert ran.status == 0
+    assert ran.out.strip() == f"webhook-inbox {importlib.metadata.version('webhook-inbox')}"
+
+
+@pytest.mark.slow
+def test_send_to_a_running_serve_for_every_kind_then_see_them_listed(
+    tmp_path: Path, database_url: str
+) -> None:
+    config = tmp_path / "inbox.toml"
+    config.write_text(SOURCES_TOML)
+    env = {"INBOX_CONFIG": str(config), "DATABASE_URL": database_url}
+    with ServerProcess(env, tmp_path) as server:
+        env["INBOX_PORT"] = str(server.port)
+        for name in SENDABLE:
+            sent = webhook_inbox("send", name, "--id", f"e2e-{name}", env=env)
+            assert sent.status == 0, (name, sent.err)
+            assert "accepted" in sent.out, (name, sent.out)
+        again = webhook_inbox("send", "stripe", "--id", "e2e-stripe", env=env)
+        assert (again.status, json.loads(again.out)["status"]) == (0, "duplicate")
+
+        unknown = webhook_inbox("send", "nobody", env=env)
+        assert unknown.status == 2
+        assert "no source 'nobody'" in unknown.err
+        unsignable = webhook_inbox("send", "sns", env=env)
+        assert unsignable.status == 2
+        assert "only AWS" in unsignable.err
+
+        listed = webhook_inbox("messages", "list", "--limit", "500", "--json", env=env)
+        assert listed.status == 0, listed.err
+        sources = {m["source"] for m in listed.json()["items"]}
+        assert sources == set(SENDABLE)
+    gone = webhook_inbox("send", "stripe", env=env)
+    assert gone.status == 3
+    assert "is `webhook-inbox serve` running?" in gone.err

@@ -165,6 +165,11 @@ async def get_message(state: StateDep, id: MessageIdPath) -> MessageDetail:
     """Show one message: headers, body, and its attempt and admin-action history."""
     with store_errors():
         row = await store.get_message(state.engine, id)
+    return detail_from_row(row)
+
+
+def detail_from_row(row: Mapping[str, Any]) -> MessageDetail:
+    """The detail document of a `store.get_message` row (the command line shows it too)."""
     headers = row["headers"]
     if isinstance(headers, str):
         headers = json.loads(headers)

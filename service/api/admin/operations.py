@@ -7,6 +7,7 @@ from typing import Annotated
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.admin.models import (
     Activity,
@@ -32,8 +33,13 @@ router = APIRouter(tags=["admin: operations"])
 @router.get("/stats", response_model=Stats)
 async def stats(state: StateDep) -> Stats:
     """Count messages by source and status; show the backlog's age and last hour's attempts."""
-    groups = await store.status_counts(state.engine)
-    attempts, failures, admin_actions = await store.recent_attempts(state.engine)
+    return await collect_stats(state.engine)
+
+
+async def collect_stats(engine: AsyncEngine) -> Stats:
+    """The statistics document (the command line's `stats` shows it too)."""
+    groups = await store.status_counts(engine)
+    attempts, failures, admin_actions = await store.recent_attempts(engine)
     by_status: dict[str, int] = dict.fromkeys(store.STATUSES, 0)
     per_source: dict[str, SourceStats] = {}
     for group in groups:

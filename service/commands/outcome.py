@@ -1,0 +1,27 @@
+"""How an operator command ends: its exit status, and the one line said on stderr."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Exit(IntEnum):
+    """Exit statuses of the operator commands (docs/cli.md#exit-status)."""
+
+    OK = 0
+    # The message does not exist, the change is not allowed in its status, or the service
+    # refused the delivery.
+    FAILED = 1
+    # Bad options or values, a configuration error, a source `send` cannot sign for.
+    USAGE = 2
+    # No database to reach (not running, not migrated) or no service answering.
+    UNAVAILABLE = 3
+
+
+class CommandError(Exception):
+    """Stops a command with `message` on stderr and `status` as the exit status."""
+
+    def __init__(self, message: str, status: Exit) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status

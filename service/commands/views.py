@@ -1,0 +1,111 @@
+"""How the admin API's documents read as text for people: tables, a message's detail."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from service.api.admin.models import DeadLetterGroups, MessageDetail, MessageSummary, Stats
+from service.commands.output import age, table
+from service.core.schema import Status
+
+
+def summary_table(items: list[MessageSummary]) -> str:
+    if not items:
+        return "no messages match"
+    return table(
+        ["ID", "SOURCE", "MESSAGE ID", "EVENT TYPE", "STATUS", "ATTEMPTS", "RECEIVED", "ERROR"],
+        [
+            [
+                m.id,
+                m.source,
+                m.message_id,
+                m.event_type,
+                m.status.value,
+                m.attempt_count,
+                m.received_at,
+                m.last_error,
+            ]
+            for m in items
+        ],
+    )
+
+
+def describe_detail(detail: MessageDetail) -> str:
+    fields = [
+        ("id", detail.id),
+        ("source", detail.source),
+        ("message id", detail.message_id),
+        ("event type", detail.event_type),
+        ("status", detail.status.value),
+        ("attempts", detail.attempt_count),
+        ("received", f"{detail.received_at.isoformat()} ({detail.receive_count} deliveries)"),
+        ("next attempt", detail.next_attempt_at.isoformat()),
+        ("processed", detail.processed_at.isoformat() if detail.processed_at else None),
+        ("last error", detail.last_error),
+        ("content type", detail.content_type),
+    ]
+    lines = [f"{name + ':':<14}{'-' if value is None else value}" for name, value in fields]
+    lines.append("headers:")
+    lines += [f"  {name}: {value}" for name, value in detail.headers.items()]
+    if detail.body_base64 is not None:
+        lines.append(f"body (base64): {detail.body_base64}")
+    else:
+        lines.append("payload:")
+        lines += ["  " + line for line in json.dumps(detail.payload, indent=2).splitlines()]
+    lines.append("history:")
+    if detail.attempts:
+        history = table(
+            ["#", "STARTED", "OUTCOME", "ERROR", "MS", "ACTOR"],
+            [
+                [a.attempt, a.started_at, a.outcome, a.error, a.duration_ms, a.actor]
+                for a in detail.attempts
+            ],
+        )
+        lines += ["  " + line for line in history.splitlines()]
+    else:
+        lines.append("  (no attempts yet)")
+    return "\n".join(lines)
+
+
+def groups_table(document: DeadLetterGroups) -> str:
+    return table(
+        ["ERROR TYPE", "COUNT", "SOURCES", "OLDEST", "NEWEST", "LATEST ERROR"],
+        [
+            [
+                g.error_type,
+                g.count,
+                ",".join(g.sources),
+                g.oldest_received_at,
+                g.newest_received_at,
+                g.latest_error,
+            ]
+            for g in document.groups
+        ],
+    )
+
+
+def stats_table(stats: Stats) -> str:
+    statuses = [s.value for s in Status]
+    rows: list[list[Any]] = [
+        [
+            s.source,
+            *(s.counts.get(st, 0) for st in statuses),
+            s.total,
+            age(s.oldest_pending_age_seconds),
+        ]
+        for s in stats.sources
+    ]
+    rows.append(
+        [
+            "(all)",
+            *(stats.by_status.get(st, 0) for st in statuses),
+            stats.total,
+            age(stats.oldest_pending_age_seconds),
+        ]
+    )
+    counts = table(["SOURCE", *(s.upper() for s in statuses), "TOTAL", "OLDEST UNFINISHED"], rows)
+    return (
+        f"{counts}\nlast hour: {stats.attempts_last_hour} attempts, "
+        f"{stats.failures_last_hour} failed, {stats.admin_actions_last_hour} admin actions"
+    )

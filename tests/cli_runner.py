@@ -1,0 +1,44 @@
+"""Running `webhook-inbox` in this process, as a shell would, for the command-line tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from service.cli import main
+
+
+@dataclass(frozen=True)
+class Ran:
+    status: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def run_cli(*args: str) -> Ran:
+    """`webhook-inbox ARGS` in this process: its exit status, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    status = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+            if isinstance(exc.code, str):
+                err.write(exc.code)
+    return Ran(status, out.getvalue(), err.getvalue())
+
+
+async def cli(monkeypatch: pytest.MonkeyPatch, database_url: str, *args: str) -> Ran:
+    """The command against `database_url`, in a thread (it runs its own event loop)."""
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    return await asyncio.to_thread(run_cli, *args)

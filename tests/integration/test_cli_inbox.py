@@ -1,0 +1,230 @@
+"""`messages`, `dead-letters` and `stats` from the shell: the admin API's answers, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_attempt, status_of
+from tests.cli_runner import cli, run_cli
+from tests.conftest import AppFactory
+from tests.pg import create_database, drop_database, with_database
+
+
+def admin_client(client_for: AppFactory) -> Any:
+    return client_for(CONFIG, admin_tokens=[TOKEN])
+
+
+async def test_list_show_and_stats_answer_what_the_admin_api_answers(
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dead = await seed(db, "m-dead", status="dead", attempts=3, last_error="handler failed")
+    await seed_attempt(db, dead, 1, "failed", error="handler failed")
+    await seed(db, "m-ok", status="processed", event_type="order.created")
+    await seed(db, "m-other", source="other")
+
+    listed = await cli(monkeypatch, database_url, "messages", "list", "--json")
+    shown = await cli(monkeypatch, database_url, "messages", "show", str(dead), "--json")
+    dead_letters = await cli(monkeypatch, database_url, "dead-letters", "--json")
+    stats = await cli(monkeypatch, database_url, "stats", "--json")
+    groups = await cli(monkeypatch, database_url, "dead-letters", "--groups", "--json")
+    groups_table = await cli(monkeypatch, database_url, "dead-letters", "--groups")
+    async with admin_client(client_for) as client:
+        api_list = (await client.get("/admin/messages", headers=AUTH)).json()
+        api_detail = (await client.get(f"/admin/messages/{dead}", headers=AUTH)).json()
+        api_dead = (await client.get("/admin/dead-letters", headers=AUTH)).json()
+        api_stats = (await client.get("/admin/stats", headers=AUTH)).json()
+        api_groups = (await client.get("/admin/dead-letters/groups", headers=AUTH)).json()
+
+    assert (listed.status, shown.status, dead_letters.status, stats.status) == (0, 0, 0, 0)
+    assert listed.json() == api_list
+    assert shown.json() == api_detail
+    assert dead_letters.json() == api_dead
+    assert [m["message_id"] for m in dead_letters.json()["items"]] == ["m-dead"]
+    assert without_ages(stats.json()) == without_ages(api_stats)
+    assert groups.json() == api_groups
+    assert groups.json()["groups"][0]["error_type"] == "RuntimeError"
+    assert groups_table.out.splitlines()[1].split()[:3] == ["RuntimeError", "1", "hooks"]
+
+
+def without_ages(stats: dict[str, Any]) -> dict[str, Any]:
+    """Stats without the backlog's ages, which grow between two reads."""
+    stats.pop("oldest_pending_age_seconds")
+    for source in stats["sources"]:
+        assert (source.pop("oldest_pending_age_seconds") is None) == (
+            "pending" not in source["counts"]
+        )
+    return stats
+
+
+async def test_filters_and_paging(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n in range(3):
+        await seed(db, f"m-{n}", status="dead", event_type="charge.failed")
+    await seed(db, "m-ok", status="processed", event_type="charge.succeeded")
+    await seed(db, "m-other", source="other", status="dead")
+
+    by_status = await cli(
+        monkeypatch, database_url, "messages", "list", "--status", "processed", "--json"
+    )
+    assert [m["message_id"] for m in by_status.json()["items"]] == ["m-ok"]
+    both = await cli(
+        monkeypatch,
+        database_url,
+        *("messages", "list", "--status", "processed", "--status", "dead"),
+        *("--source", "hooks", "--event-type", "charge.failed", "--json"),
+    )
+    assert sorted(m["message_id"] for m in both.json()["items"]) == ["m-0", "m-1", "m-2"]
+
+    seen: list[str] = []
+    cursor: list[str] = []
+    while True:
+        page = await cli(
+            monkeypatch,
+            database_url,
+            "dead-letters",
+            "--source",
+            "hooks",
+            "--limit",
+            "2",
+            "--json",
+            *cursor,
+        )
+        assert page.status == 0, page.err
+        seen += [m["message_id"] for m in page.json()["items"]]
+        if page.json()["next_cursor"] is None:
+            break
+        cursor = ["--cursor", page.json()["next_cursor"]]
+    assert sorted(seen) == ["m-0", "m-1", "m-2"]
+
+    people = await cli(monkeypatch, database_url, "dead-letters", "--limit", "2")
+    lines = people.out.splitlines()
+    assert lines[0].split() == [
+        "ID",
+        "SOURCE",
+        "MESSAGE",
+        "ID",
+        "EVENT",
+        "TYPE",
+        "STATUS",
+        "ATTEMPTS",
+        "RECEIVED",
+        "ERROR",
+    ]
+    assert len(lines) == 4  # header, two rows, and where the next page starts
+    assert lines[-1].startswith("next: --cursor '")
+    nothing = await cli(monkeypatch, database_url, "messages", "list", "--source", "nobody")
+    assert (nothing.status, nothing.out.strip()) == (0, "no messages match")
+
+
+async def test_retry_replay_discard_and_their_refusals(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = await seed(db, "m-dead", status="dead", attempts=3)
+    done = await seed(db, "m-done", status="processed")
+    pending = await seed(db, "m-pending")
+
+    retried = await cli(monkeypatch, database_url, "messages", "retry", str(dead))
+    assert retried.status == 0, retried.err
+    assert "admin_retry, now pending" in retried.out
+    assert await status_of(db, dead) == "pending"
+    actor = await db.fetchval(
+        "SELECT actor FROM inbox_attempts WHERE message_id = $1 ORDER BY id DESC", dead
+    )
+    assert actor.startswith("cli:")
+
+    refused = await cli(monkeypatch, database_url, "messages", "retry", str(done))
+    assert refused.status == 1
+    assert "is processed" in refused.err
+    assert "`replay`" in refused.err
+    replayed = await cli(monkeypatch, database_url, "messages", "replay", str(done), "--json")
+    assert (replayed.status, replayed.json()["action"]) == (0, "admin_replay")
+
+    discarded = await cli(monkeypatch, database_url, "messages", "discard", str(pending))
+    assert discarded.status == 0
+    assert await status_of(db, pending) == "discarded"
+    again = await cli(monkeypatch, database_url, "messages", "discard", str(pending))
+    assert again.status == 0
+    assert "already discarded" in again.out
+
+    missing = await cli(monkeypatch, database_url, "messages", "show", "999999")
+    assert missing.status == 1
+    assert "no message with id 999999" in missing.err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["messages", "list", "--since", "yesterday"], "--received-after"),
+        (["messages", "list", "--limit", "501"], "--limit"),
+        (["messages", "list", "--cursor", "nonsense"], "--cursor 'nonsense' is not a position"),
+        (["messages", "list", "--status", "done"], "invalid choice: 'done'"),
+        (["messages", "show", "abc"], "'abc' is not an inbox id"),
+        (["messages"], "required: ACTION"),
+    ],
+)
+async def test_usage_errors_exit_2_with_one_line(
+    args: list[str], expected: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran = await cli(monkeypatch, database_url, *args)
+    assert ran.status == 2
+    assert expected in ran.err
+
+
+async def test_no_database_exits_3_and_says_where_it_looked(
+    pg_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("INBOX_DATA_DIR", str(tmp_path / "nowhere"))
+    ran = await asyncio.to_thread(run_cli, "stats")
+    assert ran.status == 3
+    assert f"{tmp_path / 'nowhere' / 'pgdata'} holds no embedded PostgreSQL" in ran.err
+    assert not (tmp_path / "nowhere").exists()  # nothing was created
+
+    closed = await cli(monkeypatch, "postgresql://nobody@127.0.0.1:1/inbox", "stats")
+    assert closed.status == 3
+    assert "is unavailable" in closed.err
+
+    empty = await create_database(pg_server)
+    try:
+        bare = await cli(monkeypatch, with_database(pg_server, empty), "messages", "list")
+    finally:
+        await drop_database(pg_server, empty)
+    assert bare.status == 3
+    assert "run `webhook-inbox migrate`" in bare.err
+
+
+async def test_bulk_retry_counts_first_then_retries_what_the_filters_match(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = [await seed(db, f"m-dead-{n}", status="dead") for n in range(3)]
+    other = await seed(db, "m-other", source="other", status="dead")
+    done = await seed(db, "m-done", status="processed")
+
+    counted = await cli(
+        monkeypatch, database_url, "messages", "bulk-retry", "--source", "hooks", "--dry-run"
+    )
+    assert (counted.status, counted.out.split()[0]) == (0, "3")
+    assert {await status_of(db, m) for m in dead} == {"dead"}
+
+    retried = await cli(
+        monkeypatch, database_url, "messages", "bulk-retry", "--source", "hooks", "--json"
+    )
+    assert (retried.status, retried.json()) == (0, {"matched": 3, "retried": 3})
+    assert {await status_of(db, m) for m in dead} == {"pending"}
+    assert await status_of(db, other) == "dead"
+    assert await status_of(db, done) == "processed"  # a replay must be named and forced
+
+    replayed = await cli(
+        monkeypatch,
+        database_url,
+        *("messages", "bulk-retry", "--status", "processed", "--force", "--json"),
+    )
+    assert replayed.json() == {"matched": 1, "retried": 1}
+    assert await status_of(db, done) == "pending"
