@@ -24,7 +24,7 @@ import asyncpg
 from bench import report
 from bench.load import LoadResult, ensure_wrk, run_wrk, write_requests
 from bench.pg import BenchPostgres
-from bench.servers import Server
+from bench.servers import Server, process_tree, tree_cpu_seconds
 from bench.systems import (
     RESULTS_DIR,
     Cell,
@@ -158,6 +158,7 @@ def run_process(
                         asyncio.run(truncate(process.database_url, target.table))
                     tag = f"r{round_no}-{target.name}-c{connections}-{mode}"
                     prefix, body = write_requests(work / "req", tag, per_thread, args.threads, key)
+                    cpu_before = tree_cpu_seconds(process_tree(srv.pid))
                     result = run_wrk(
                         wrk,
                         srv.url + target.path,
@@ -169,7 +170,11 @@ def run_process(
                         dup_fraction=dup,
                         ack_log=work / "ack",
                     )
+                    cpu = tree_cpu_seconds(process_tree(srv.pid)) - cpu_before
                     run = {"round": round_no, **result.summary()}
+                    # CPU of the server's processes per request: steadier than req/s on a
+                    # machine whose cores other work shares.
+                    run["cpu_us_per_request"] = round(cpu / max(result.requests, 1) * 1e6, 1)
                     run["stored"] = check_stored(result, process, target)
                     cells[(target.name, connections, mode)].runs.append(run)
                     print(report.progress_line(target.name, connections, mode, run), flush=True)

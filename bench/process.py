@@ -66,6 +66,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="1000,1500,2000,2500",
         help="offered deliveries/s, one latency run (fresh `serve`) each (1000,1500,2000,2500)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="drain rounds; in each, every worker count and the pgqueuer baselines take turns "
+        "in a rotated order (3); the medians are compared",
+    )
+    parser.add_argument(
+        "--no-pgqueuer", action="store_true", help="skip the pgqueuer baselines in the drains"
+    )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (60)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load first (3)")
     parser.add_argument("--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL")
@@ -83,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.messages, args.duration, args.warmup = 5_000, 5.0, 1.0
+        args.messages, args.duration, args.warmup, args.rounds = 5_000, 5.0, 1.0, 1
     args.workers = [int(w) for w in args.workers.split(",") if w]
     args.rates = [float(r) for r in args.rates.split(",") if r]
     return args
@@ -285,6 +295,70 @@ def run_drain(
         pg_cpu_seconds=None if pg_before is None or pg_after is None else pg_after - pg_before,
         verified=verified,
     )
+
+
+PGQUEUER_MODES = ("noop", "insert")
+
+
+def run_pgqueuer(url: str, messages: int, mode: str) -> dict[str, Any]:
+    """pgqueuer 1.x draining `messages` jobs in one process (bench/baselines/pgqueuer_drain.py):
+    `noop` entrypoint, or `insert` (one row, committed apart from the job's completion)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.baselines.pgqueuer_drain", url, str(messages), mode],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["ok"] = result["jobs"] == messages and result["left"] == 0
+    if mode == "insert":
+        result["ok"] = result["ok"] and result["effects"] == messages
+    return result
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]]]) -> str:
+    """Medians over the rounds: one worker process against pgqueuer, run in the same rounds."""
+    one = [d.rate for d in drains if d.workers == 1]
+    if not one or not any(pgq.values()):
+        return ""
+    lines = [
+        "",
+        "drain medians over rounds  runs  msgs/s (each run)                 CPU s   RSS MB",
+        "-------------------------  ----  --------------------------------  ------  ------",
+    ]
+    runs = [d for d in drains if d.workers == 1]
+    lines.append(
+        f"{'webhook-inbox, 1 worker':<25}  {len(one):>4}  {median(one):>6.0f} "
+        f"({', '.join(f'{r:.0f}' for r in one)})".ljust(74)
+        + f"  {median([d.cpu_seconds[0] for d in runs]):>6.1f}"
+        f"  {max(d.peak_rss_mb[0] for d in runs):>6.0f}"
+    )
+    for mode, results in pgq.items():
+        if not results:
+            continue
+        rates = [r["rate"] for r in results]
+        lines.append(
+            f"{'pgqueuer, ' + mode:<25}  {len(rates):>4}  {median(rates):>6.0f} "
+            f"({', '.join(f'{r:.0f}' for r in rates)})".ljust(74)
+            + f"  {median([r['cpu_seconds'] for r in results]):>6.1f}"
+            f"  {max(r['peak_rss_mb'] for r in results):>6.0f}"
+            + ("" if all(r["ok"] for r in results) else "  INCOMPLETE")
+        )
+    for mode, results in pgq.items():
+        if results:
+            ratio = median(one) / median([r["rate"] for r in results])
+            lines.append(f"webhook-inbox / pgqueuer {mode}: {ratio:.2f}x")
+    return "\n".join(lines)
 
 
 async def latency_facts(url: str, prefix: str) -> dict[str, Any]:
@@ -501,15 +575,28 @@ def render(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def targets(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
+def targets(
+    drains: list[DrainRun],
+    latencies: list[dict[str, Any]],
+    pgq: dict[str, list[dict[str, Any]]] | None = None,
+) -> str:
     lines = ["", "targets:"]
 
     def line(ok: bool, what: str, measured: str) -> None:
         lines.append(f"  {'PASS' if ok else 'FAIL'}  {what:<52} {measured}")
 
-    one = [d for d in drains if d.workers == 1]
+    one = [d.rate for d in drains if d.workers == 1]
     if one:
-        line(one[0].rate >= 3000, ">= 3000 msgs/s with one worker process", f"{one[0].rate:.0f}")
+        line(median(one) >= 3000, ">= 3000 msgs/s with one worker process", f"{median(one):.0f}")
+    for mode, factor in (("noop", 1.0), ("insert", 2.0)):
+        runs = (pgq or {}).get(mode, [])
+        if one and runs:
+            base = median([r["rate"] for r in runs])
+            line(
+                median(one) >= factor * base,
+                f"1 worker >= {factor:g}x pgqueuer {mode} (same run)",
+                f"{median(one):.0f} vs {base:.0f} = {median(one) / base:.2f}x",
+            )
     at_1000 = [x for x in latencies if x["load"]["target_rate"] == 1000]
     for latency in at_1000:
         load, db = latency["load"], latency["db_latency_ms"]
@@ -555,13 +642,24 @@ def main(argv: list[str] | None = None) -> None:
             check=True,
             capture_output=True,
         )
-        drains = []
-        for workers in args.workers:
-            print(
-                f"draining {args.messages} messages with {workers} worker process(es)", flush=True
-            )
-            drains.append(run_drain(pg, url, env, work, workers, args.messages, args.profile))
-            print(f"  {drains[-1].rate:.0f} msgs/s", flush=True)
+        drains: list[DrainRun] = []
+        pgq: dict[str, list[dict[str, Any]]] = {mode: [] for mode in PGQUEUER_MODES}
+        turns: list[int | str] = [*args.workers, *([] if args.no_pgqueuer else PGQUEUER_MODES)]
+        for round_ in range(args.rounds):
+            shift = round_ % len(turns)
+            for turn in turns[shift:] + turns[:shift]:
+                if isinstance(turn, str):
+                    print(f"round {round_ + 1}: pgqueuer {turn}, {args.messages} jobs", flush=True)
+                    pgq[turn].append(run_pgqueuer(url, args.messages, turn))
+                    print(f"  {pgq[turn][-1]['rate']:.0f} jobs/s", flush=True)
+                    continue
+                print(
+                    f"round {round_ + 1}: draining {args.messages} messages with {turn} "
+                    "worker process(es)",
+                    flush=True,
+                )
+                drains.append(run_drain(pg, url, env, work, turn, args.messages, args.profile))
+                print(f"  {drains[-1].rate:.0f} msgs/s", flush=True)
         latencies = []
         for rate in [] if args.skip_latency else args.rates:
             print(f"latency: {rate:g}/s for {args.duration:g} s", flush=True)
@@ -569,7 +667,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(pg.drop_database(url))
     print()
     print(render(drains, latencies))
-    print(targets(drains, latencies))
+    print(render_comparison(drains, pgq))
+    print(targets(drains, latencies, pgq))
     print(f"\nload average at end: {os.getloadavg()}; postgres: {settings}")
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / f"process-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -579,6 +678,7 @@ def main(argv: list[str] | None = None) -> None:
                 "elapsed_s": round(time.time() - started, 1),
                 "postgres": settings,
                 "drains": [vars(d) for d in drains],
+                "pgqueuer": pgq,
                 "latency": latencies,
                 "loadavg_end": os.getloadavg(),
             },
@@ -587,8 +687,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     print(f"results: {out}")
-    if not all(d.verified["exactly_once"] for d in drains) or any(
-        x["acked_missing"] for x in latencies
+    if (
+        not all(d.verified["exactly_once"] for d in drains)
+        or any(x["acked_missing"] for x in latencies)
+        or not all(r["ok"] for results in pgq.values() for r in results)
     ):
         sys.exit(2)
 

@@ -19,7 +19,8 @@ def progress_line(target: str, connections: int, mode: str, run: dict[str, Any])
     return (
         f"  {target:<18} c={connections:<4} {mode:<7} {run['rps']:>8.0f} rps  "
         f"p50 {run['p50_ms']:6.1f} ms  p99 {run['p99_ms']:7.1f} ms  "
-        f"non-2xx {run['non_2xx']}  errors {run['socket_errors']}  stored {check}"
+        f"non-2xx {run['non_2xx']}  errors {run['socket_errors']}  stored {check}  "
+        f"cpu {run.get('cpu_us_per_request', 0):.0f} us/req"
         + (f"  RAN OUT OF REQUESTS ({run['wrapped']})" if run["wrapped"] else "")
     )
 
@@ -37,6 +38,7 @@ def _cell_summary(cell: Cell) -> dict[str, Any]:
         "p50_ms": statistics.median(r["p50_ms"] for r in runs),
         "p99_ms": statistics.median(r["p99_ms"] for r in runs),
         "p99_worst_ms": max(r["p99_ms"] for r in runs),
+        "cpu_us_per_request": statistics.median(r.get("cpu_us_per_request", 0) for r in runs),
         "non_2xx": sum(r["non_2xx"] for r in runs),
         "socket_errors": sum(r["socket_errors"] for r in runs),
         "wrapped": sum(r["wrapped"] for r in runs),
@@ -64,6 +66,7 @@ def summarise(
             "std-webhooks/generic": ratio("standard-webhooks", "generic", conns, mode),
             # What the processing process beside HTTP costs ingest (default `serve`).
             "serve/no-worker": ratio("generic-serve", "generic", conns, mode),
+            "serve/A": ratio("generic-serve", "baseline-A", conns, mode),
         }
         for conns in args.connections
         for mode in ("unique", "dup50")
@@ -71,8 +74,12 @@ def summarise(
     service_rows = [r for r in rows if r["target"] in SERVICE_TARGETS]
     rss = {p.name: max(p.peak_rss, default=0) for p in processes}
 
-    def all_ratios(name: str, floor: float) -> tuple[bool | None, str]:
-        values = [r[name] for r in ratios if r[name] is not None]
+    def all_ratios(name: str, floor: float, conns: int | None = None) -> tuple[bool | None, str]:
+        values = [
+            r[name]
+            for r in ratios
+            if r[name] is not None and (conns is None or r["connections"] == conns)
+        ]
         if not values:
             return None, "not measured"
         return min(values) >= floor, f"min {min(values):.2f}x over {len(values)} cells"
@@ -82,6 +89,9 @@ def summarise(
     stored = [r["stored"] for r in rows if r["stored"] is not None]
     service_stored = [r["stored"] for r in service_rows if r["stored"] is not None]
     targets = [
+        # Issue 13: the default `serve`, with INFO JSON logs, against bare FastAPI.
+        ("default serve >= 1.5x baseline A at 32 conns", *all_ratios("serve/A", 1.5, 32)),
+        ("default serve >= 1.2x baseline A at 128 conns", *all_ratios("serve/A", 1.2, 128)),
         ("generic >= 1.5x baseline A rps", *all_ratios("generic/A", 1.5)),
         ("generic >= 10x baseline B rps", *all_ratios("generic/B", 10)),
         ("standard-webhooks >= 0.9x generic rps", *all_ratios("std-webhooks/generic", 0.9)),
@@ -127,28 +137,30 @@ def _fmt(value: float | None, spec: str = ".2f", suffix: str = "x") -> str:
 
 def render(summary: dict[str, Any]) -> str:
     lines = [
-        "system             conns  ids     req/s    p50 ms   p99 ms  non-2xx  errors  stored",
-        "-----------------  -----  ------  -------  -------  -------  -------  ------  ------",
+        "system             conns  ids     req/s    p50 ms   p99 ms  non-2xx  errors  stored"
+        "  CPU us/req",
+        "-----------------  -----  ------  -------  -------  -------  -------  ------  ------"
+        "  ----------",
     ]
     for r in summary["rows"]:
         stored = "-" if r["stored"] is None else ("ok" if r["stored"] else "MISSING")
         lines.append(
             f"{r['target']:<17}  {r['connections']:>5}  {r['mode']:<6}  {r['rps']:>7.0f}  "
             f"{r['p50_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {r['non_2xx']:>7}  "
-            f"{r['socket_errors']:>6}  {stored:>6}"
+            f"{r['socket_errors']:>6}  {stored:>6}  {r['cpu_us_per_request']:>10.0f}"
         )
     lines += [
         "",
         "ratios (req/s)     conns  ids     generic/A  generic/B  std-webhooks/generic  "
-        "serve/no-worker",
+        "serve/no-worker  serve/A",
         "-----------------  -----  ------  ---------  ---------  --------------------  "
-        "---------------",
+        "---------------  -------",
     ]
     for r in summary["ratios"]:
         lines.append(
             f"{'':<17}  {r['connections']:>5}  {r['mode']:<6}  {_fmt(r['generic/A']):>9}  "
             f"{_fmt(r['generic/B']):>9}  {_fmt(r['std-webhooks/generic']):>20}  "
-            f"{_fmt(r['serve/no-worker']):>15}"
+            f"{_fmt(r['serve/no-worker']):>15}  {_fmt(r['serve/A']):>7}"
         )
     rss = ", ".join(f"{k} {v:.0f} MB" for k, v in summary["peak_rss_mb"].items())
     lines += ["", f"peak RSS: {rss}", "", "targets:"]

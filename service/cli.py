@@ -8,7 +8,7 @@ import importlib.metadata
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +195,18 @@ def serve(args: argparse.Namespace) -> None:
     run(args, settings, inbox)
 
 
+def run_on_fast_loop(main: Coroutine[Any, Any, None]) -> None:
+    """`asyncio.run` on uvloop when it is installed (uvicorn[standard] brings it), as the HTTP
+    process runs: bench/process found the worker's stdlib loop spending half its time in its
+    socket writes to PostgreSQL."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def worker(args: argparse.Namespace) -> None:
     from service.worker import WorkerCrashed, run_worker
 
@@ -217,7 +229,7 @@ def worker(args: argparse.Namespace) -> None:
         await run_worker(settings, url, pipelines, stop, metrics=metrics, retention=inbox)
 
     try:
-        asyncio.run(run())
+        run_on_fast_loop(run())
     except WorkerCrashed as exc:
         log.critical("worker crashed", extra={"error": str(exc)})
         sys.exit(1)

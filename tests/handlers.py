@@ -112,6 +112,12 @@ async def sql_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
         await ctx.session.execute(text("SELECT * FROM no_such_table"))
 
 
+async def count_calls_fail_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Like `sql_error_on_bad`, and every call is counted in `state["calls"]` (a list of ids)."""
+    state.setdefault("calls", []).append(message.message_id)
+    await sql_error_on_bad(message, ctx)
+
+
 async def exit_on_poison(message: InboxMessage, ctx: HandlerContext) -> None:
     """A handler that kills its own process (as a segfault or an OOM kill would) on one id."""
     await record(message, ctx)

@@ -55,6 +55,47 @@ async def refuse_busy(scope: Any, receive: Any, send: Any) -> None:
     await response(scope, receive, send)
 
 
+class CoalescingTransport:
+    """A transport whose writes of one turn of the event loop go out in one `write`.
+
+    uvicorn writes a response's status line and headers, then its body, as two writes: two
+    send() calls, each carrying a TCP segment through the whole loopback or network stack.
+    Measured with py-spy on bench/ingest, that per-response send was the HTTP process's
+    largest cost (30% of its busy samples). Held until the loop's next turn, the head and the
+    body of a response leave in one segment. Closing or ending the stream sends what is held
+    first; everything else is the wrapped transport's own.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._held:
+            self._loop.call_soon(self.flush)
+        self._held.append(data)
+
+    def flush(self) -> None:
+        if not self._held:
+            return
+        data = b"".join(self._held)
+        self._held.clear()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """httptools with three bounds it lacks, for a server facing the open internet:
 
@@ -99,6 +140,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Flow control keeps the real transport (its buffer is what pauses writing).
+        self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
         self._await_head()
         if self.max_connections is not None:
             self._make_room(self.max_connections)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -75,9 +76,61 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class LoopBatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that writes the INFO (and lower) lines logged during one turn of a
+    running event loop together, in one write at the end of the turn.
+
+    Ingest logs one line per delivery, and a group commit answers tens of deliveries in one
+    turn: one write() and flush per line was one syscall per request. A line above INFO, or
+    one logged off the loop (another thread, no loop running), is written at once, after any
+    lines still held, so order is kept and warnings are never held back. A process killed
+    outright loses at most the INFO lines of its current loop turn.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._held: list[str] = []
+        self._scheduled = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._held.append(self.format(record) + self.terminator)
+        except Exception:
+            self.handleError(record)
+            return
+        if record.levelno <= logging.INFO:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                pass
+            else:
+                if not self._scheduled:
+                    self._scheduled = True
+                    loop.call_soon(self.write_held)
+                return
+        self.write_held()
+
+    def write_held(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._scheduled = False
+            if not self._held:
+                return
+            text = "".join(self._held)
+            self._held.clear()
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except Exception:
+                self.handleError(logging.makeLogRecord({"msg": "log write failed"}))
+
+    def flush(self) -> None:
+        self.write_held()
+        super().flush()
+
+
 def configure_logging(level: str = "INFO", fmt: str = "json", role: str | None = None) -> None:
     """Log to stderr; `role` (supervisor, http, processing) goes on every line."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = LoopBatchedStreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter(role))
     root = logging.getLogger()

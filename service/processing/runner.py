@@ -1,4 +1,4 @@
-"""Running one message's Python handlers in a savepoint of the inbox's transaction."""
+"""Running one message's Python handlers in the inbox's transaction, in a savepoint or not."""
 
 from __future__ import annotations
 
@@ -132,7 +132,12 @@ async def run_within(
 
 
 async def run_handlers(
-    session: HandlerSession, savepoints: MessageSavepoints, pipeline: Pipeline, row: MessageRow
+    session: HandlerSession,
+    savepoints: MessageSavepoints,
+    pipeline: Pipeline,
+    row: MessageRow,
+    *,
+    isolated: bool = True,
 ) -> tuple[AttemptResult, BaseException | None]:
     """Run every matching handler in a savepoint; keep their effects (released) or undo them.
 
@@ -140,6 +145,10 @@ async def run_handlers(
     `Exception` (cancellation) propagate and take the whole transaction with them. The
     release or rollback is only queued on `savepoints`: the caller's next `begin()` or
     `flush()` sends it, before anything else runs on the connection.
+
+    `isolated=False`: no savepoint (one round trip less per message). A failure then leaves
+    the transaction holding its effects, or aborted, so the caller must roll the whole
+    transaction back and not write anything more in it.
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
@@ -158,7 +167,10 @@ async def run_handlers(
     message = inbox_message(row, attempt)
     ctx = HandlerContext(session)
     limit = pipeline.config.handler_timeout_seconds
-    await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
+    if isolated:
+        await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
+    else:
+        await savepoints.limit_statements(math.ceil(limit * 1000))
     try:
         session._handler_running = True
         try:
@@ -180,11 +192,13 @@ async def run_handlers(
         # Flush, not commit: joined "rollback_only", a commit would only flush too, and then
         # end the session's transaction for the next message to begin again.
         await session.flush()
-        savepoints.release()  # kept by the batch's COMMIT
+        if isolated:
+            savepoints.release()  # kept by the batch's COMMIT
     except Exception as exc:
         # This message's effects only; close() forgets the session's state and, joined as
         # "rollback_only", does not touch the batch's transaction.
-        savepoints.rollback()
+        if isolated:
+            savepoints.rollback()
         await session.close()
         failure = classify_failure(exc, attempt, pipeline.config)
         log.warning(

@@ -59,7 +59,8 @@ async def run_in_transaction(
     results = []
     async with handler_scope(conn) as (session, savepoints):
         for row in rows:
-            result, exc = await run_handlers(session, savepoints, pipeline, row)
+            # No savepoint: the first failure rolls the whole request's transaction back.
+            result, exc = await run_handlers(session, savepoints, pipeline, row, isolated=False)
             if exc is not None:
                 retry_after = exc.after_seconds if isinstance(exc, RetryLater) else None
                 raise HandlerFailed(row.source, row.message_id, retry_after) from exc

@@ -89,6 +89,10 @@ class MessageFilter:
         if self.statuses:
             clauses.append("status = ANY(:statuses)")
             params["statuses"] = list(self.statuses)
+            if Status.PROCESSED not in self.statuses:
+                # Implied already; written out so that a generic plan, which cannot look into
+                # :statuses, still matches the partial status index's predicate (0003).
+                clauses.append(f"status <> '{Status.PROCESSED.value}'")
         if self.event_type is not None:
             clauses.append("event_type = :event_type")
             params["event_type"] = self.event_type

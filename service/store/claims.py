@@ -74,6 +74,7 @@ class MessageSavepoints:
         self._engine = engine
         self._pending = ""
         self._timeout_set = False
+        self._limit_ms: int | None = None  # set by limit_statements, for the transaction
 
     async def begin(self, statement_timeout_ms: int | None = None) -> None:
         """Open the next message's savepoint (ending the previous one's in the same trip).
@@ -90,6 +91,14 @@ class MessageSavepoints:
             self._timeout_set = True
         self._pending = ""
         await self._driver.execute(command)
+
+    async def limit_statements(self, statement_timeout_ms: int) -> None:
+        """Without a savepoint (an optimistic batch, which a failure rolls back whole): bound
+        the transaction's statements, sending the setting only when it changes."""
+        if self._limit_ms == statement_timeout_ms:
+            return
+        await self._driver.execute(f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+        self._limit_ms = statement_timeout_ms
 
     def release(self) -> None:
         """Keep the message's effects (sent with the next begin or flush)."""
@@ -111,9 +120,10 @@ class MessageSavepoints:
         """Send a pending release or rollback now (before the batch's own statements), and
         lift the last message's statement timeout off them."""
         command, self._pending = self._pending, ""
-        if self._timeout_set:
+        if self._timeout_set or self._limit_ms is not None:
             command += "SET LOCAL statement_timeout TO DEFAULT"
             self._timeout_set = False
+            self._limit_ms = None
         if command:
             await self._driver.execute(command)
 

@@ -26,33 +26,42 @@ from service.store.notifications import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
 
-# One statement for the whole batch. Rows arrive sorted by (source, message_id), so two batches
-# that share keys wait on each other in the same order instead of deadlocking.
-# A message of a source with nothing to run (no handlers, no forward) is stored `processed`
-# at once: no worker round, no status change, no index entry rewritten.
-INSERT_BATCH = """
-INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type,
-                            status, processed_at)
-SELECT source, message_id, event_type, headers::jsonb, body, content_type,
-       CASE WHEN done THEN 'processed' ELSE 'pending' END,
-       CASE WHEN done THEN now() END
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
-              $7::boolean[])
-       AS t(source, message_id, event_type, headers, body, content_type, done)
-ON CONFLICT (source, message_id) DO NOTHING
-RETURNING id, source, message_id, status = 'pending' AS pending
+# One statement, autocommitted, is the whole batch: one round trip instead of BEGIN, INSERT,
+# UPDATE, NOTIFY and COMMIT. Rows arrive deduplicated (each key once, with `received`, the
+# number of times the batch holds it) and sorted by (source, message_id), so two batches that
+# share keys lock them in the same order instead of deadlocking.
+# - ON CONFLICT DO UPDATE, not DO NOTHING plus a later UPDATE: it locks and counts the row
+#   that conflicts even when its inserting transaction committed after this statement's
+#   snapshot was taken, which a separate UPDATE in the same statement would not see.
+#   `xmax = 0` in RETURNING tells the rows this statement inserted from those it updated
+#   (an updated row carries our own transaction id as its xmax).
+# - A message of a source with nothing to run (no handlers, no forward) is stored `processed`
+#   at once: no worker round, no status change, no index entry rewritten.
+# - pg_notify ($9: the channel), once per batch that inserted a pending row, is sent when
+#   the statement's implicit transaction commits. The scalar subquery makes the otherwise
+#   unreferenced `woken` CTE run; a SELECT CTE nobody reads is never evaluated.
+RECORD_BATCH = """
+WITH written AS (
+    INSERT INTO inbox_messages AS m (source, message_id, event_type, headers, body,
+                                     content_type, status, processed_at, receive_count)
+    SELECT source, message_id, event_type, headers::jsonb, body, content_type,
+           CASE WHEN done THEN 'processed' ELSE 'pending' END,
+           CASE WHEN done THEN now() END,
+           received
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
+                  $7::boolean[], $8::int[])
+           AS t(source, message_id, event_type, headers, body, content_type, done, received)
+    ON CONFLICT (source, message_id) DO UPDATE
+       SET receive_count = m.receive_count + EXCLUDED.receive_count,
+           last_received_at = now()
+    RETURNING m.id, m.source, m.message_id, m.xmax = 0 AS inserted, m.status = 'pending'
+              AS pending
+), woken AS (
+    SELECT pg_notify($9, '') FROM written WHERE inserted AND pending LIMIT 1
+)
+SELECT id, source, message_id, inserted, (SELECT count(*) FROM woken) AS notified
+  FROM written
 """
-
-# Runs after INSERT_BATCH as its own statement: under READ COMMITTED it then sees rows whose
-# inserting transaction committed while our INSERT waited on them.
-COUNT_REDELIVERIES = """
-UPDATE inbox_messages AS m
-   SET receive_count = m.receive_count + d.n, last_received_at = now()
-  FROM unnest($1::text[], $2::text[], $3::int[]) AS d(source, message_id, n)
- WHERE m.source = d.source AND m.message_id = d.message_id
-"""
-
-NOTIFY = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
 
 # A deadlock or serialization failure rolls back the whole batch; trying again is safe.
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
@@ -292,19 +301,20 @@ class GroupCommitter:
         self, pg: asyncpg.Connection, batch: list[_Entry]
     ) -> list[list[Recorded]]:
         # The first occurrence of each key in the batch is the one that may be inserted;
-        # the others are duplicates whatever the INSERT finds.
+        # the others are duplicates whatever the statement finds.
         first: dict[tuple[str, str], tuple[_Entry, Message]] = {}
-        repeats: dict[tuple[str, str], int] = {}
+        received: dict[tuple[str, str], int] = {}
         for entry in batch:
             for message in entry.messages:
                 key = (entry.source, message.message_id)
                 if key in first:
-                    repeats[key] = repeats.get(key, 0) + 1
+                    received[key] += 1
                 else:
                     first[key] = (entry, message)
+                    received[key] = 1
 
         keys = sorted(first)
-        rows: list[list[Any]] = [[], [], [], [], [], [], []]
+        rows: list[list[Any]] = [[], [], [], [], [], [], [], []]
         for key in keys:
             entry, message = first[key]
             rows[0].append(entry.source)
@@ -314,23 +324,10 @@ class GroupCommitter:
             rows[4].append(entry.body if message.body is None else message.body)
             rows[5].append(message.content_type or entry.content_type)
             rows[6].append(entry.processed)
+            rows[7].append(received[key])
 
-        async with pg.transaction():
-            inserted = await pg.fetch(INSERT_BATCH, *rows)
-            ids = {(r["source"], r["message_id"]): int(r["id"]) for r in inserted}
-            for key in keys:
-                if key not in ids:
-                    repeats[key] = repeats.get(key, 0) + 1
-            if repeats:
-                dup_keys = sorted(repeats)
-                await pg.execute(
-                    COUNT_REDELIVERIES,
-                    [k[0] for k in dup_keys],
-                    [k[1] for k in dup_keys],
-                    [repeats[k] for k in dup_keys],
-                )
-            if any(r["pending"] for r in inserted):
-                await pg.execute(NOTIFY)
+        written = await pg.fetch(RECORD_BATCH, *rows, NOTIFY_CHANNEL)
+        ids = {(r["source"], r["message_id"]): int(r["id"]) for r in written if r["inserted"]}
 
         results: list[list[Recorded]] = []
         claimed: set[tuple[str, str]] = set()

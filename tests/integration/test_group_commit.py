@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator
 
@@ -209,4 +210,26 @@ async def test_a_stalled_database_holds_at_most_the_bound_across_waves(
     stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
     assert stored == {"in-flight", "after"}
     await committer.close()
+    await engine.dispose()
+
+
+async def test_racing_batches_in_flight_count_every_redelivery_exactly_once(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """Two services' committers, four batches in flight each, write the same ids at once: a
+    batch's key whose row another batch committed after this one's snapshot is still counted
+    (the single statement's ON CONFLICT DO UPDATE locks the newest row, snapshot or not)."""
+    engine = create_engine(database_url, Settings(database_url="x"))
+    committers = [GroupCommitter(engine, flushers=4, max_batch=7) for _ in range(2)]
+    for committer in committers:
+        committer.start()
+    ids = [f"r{i % 40}" for i in range(800)]  # each id twenty times
+    random.Random(13).shuffle(ids)
+    results = await asyncio.gather(*(record(committers[n % 2], i, i) for n, i in enumerate(ids)))
+    accepted = [r.message_id for rs in results for r in rs if r.outcome == "accepted"]
+    assert sorted(accepted) == sorted({*ids})  # each id accepted once, in all the races
+    counts = dict(await db.fetch("SELECT message_id, receive_count FROM inbox_messages"))
+    assert counts == {i: 40 for i in {*ids}}  # two messages per request, twenty requests
+    for committer in committers:
+        await committer.close()
     await engine.dispose()

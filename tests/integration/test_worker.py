@@ -224,6 +224,48 @@ async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
     assert await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts") == 1
 
 
+async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_once(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    """A batch runs without a savepoint per message until a handler fails; then it rolls back
+    and runs again with savepoints, the failed message not run again, and the source's next
+    batches run with savepoints from the start."""
+    await create_effects(db)
+    await insert_messages(db, "good1", "bad1", "good2", "good3")
+    handlers.state["calls"] = []
+    cfg = config("tests.handlers:count_calls_fail_on_bad", max_attempts=1)
+    try:
+        async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+            await wait_until(
+                db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 4
+            )
+            first_batch = list(handlers.state["calls"])
+            await insert_messages(db, "good4", "bad2")
+            await wait_until(
+                db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 6
+            )
+            second_batch = handlers.state["calls"][len(first_batch) :]
+    finally:
+        handlers.state.pop("calls", None)
+    # good1 ran in the optimistic run and again in the isolated one; bad1 failed once and was
+    # recorded from the first run; good2 and good3 ran once, isolated.
+    assert first_batch == ["good1", "bad1", "good1", "good2", "good3"]
+    assert second_batch == ["good4", "bad2"]  # isolated at once: good4 is not run twice
+    effects = await db.fetch("SELECT message_id, attempt FROM effects ORDER BY message_id")
+    assert [(e["message_id"], e["attempt"]) for e in effects] == [
+        ("good1", 1),
+        ("good2", 1),
+        ("good3", 1),
+        ("good4", 1),
+    ]
+    for bad in ("bad1", "bad2"):
+        assert await status_of(db, bad) == "dead"
+        (attempt,) = await attempts_of(db, bad)
+        assert "no_such_table" in attempt["error"]
+    outcomes = await db.fetch("SELECT outcome, count(*) FROM inbox_attempts GROUP BY outcome")
+    assert dict((r["outcome"], r["count"]) for r in outcomes) == {"processed": 4, "dead": 2}
+
+
 async def test_a_hung_handler_times_out_and_is_retried_without_effect(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
