@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core.tracing import stored
 from service.sources.base import Message, Recorded
 from service.store.errors import (
     StoreOverloaded,
@@ -32,13 +33,14 @@ log = logging.getLogger(__name__)
 # at once: no worker round, no status change, no index entry rewritten.
 INSERT_BATCH = """
 INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type,
-                            status, processed_at)
+                            status, processed_at, trace_context)
 SELECT source, message_id, event_type, headers::jsonb, body, content_type,
        CASE WHEN done THEN 'processed' ELSE 'pending' END,
-       CASE WHEN done THEN now() END
+       CASE WHEN done THEN now() END,
+       trace_context::jsonb
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
-              $7::boolean[])
-       AS t(source, message_id, event_type, headers, body, content_type, done)
+              $7::boolean[], $8::text[])
+       AS t(source, message_id, event_type, headers, body, content_type, done, trace_context)
 ON CONFLICT (source, message_id) DO NOTHING
 RETURNING id, source, message_id, status = 'pending' AS pending
 """
@@ -304,7 +306,7 @@ class GroupCommitter:
                     first[key] = (entry, message)
 
         keys = sorted(first)
-        rows: list[list[Any]] = [[], [], [], [], [], [], []]
+        rows: list[list[Any]] = [[], [], [], [], [], [], [], []]
         for key in keys:
             entry, message = first[key]
             rows[0].append(entry.source)
@@ -314,6 +316,7 @@ class GroupCommitter:
             rows[4].append(entry.body if message.body is None else message.body)
             rows[5].append(message.content_type or entry.content_type)
             rows[6].append(entry.processed)
+            rows[7].append(stored(message.trace_context))
 
         async with pg.transaction():
             inserted = await pg.fetch(INSERT_BATCH, *rows)

@@ -16,10 +16,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.metrics import Metrics
 from service.core.settings import Settings
-from service.processing.forward import forward_message, lease_seconds
+from service.processing.attempt_spans import forward_message_traced, run_handlers_traced
+from service.processing.forward import lease_seconds
 from service.processing.pipeline import Pipeline
 from service.processing.policy import failed_attempt, retry_failure
-from service.processing.runner import handler_scope, run_handlers
+from service.processing.runner import handler_scope
 from service.sources.config_file import InboxConfig
 from service.store.claims import (
     AttemptResult,
@@ -285,7 +286,7 @@ class Worker:
                             },
                         )
                         continue
-                    result, _ = await run_handlers(
+                    result, _ = await run_handlers_traced(
                         session, savepoints, self.pipelines[row.source], row
                     )
                     results.append(result)
@@ -329,7 +330,9 @@ class Worker:
         http = self._http
         results = await asyncio.gather(
             *(
-                forward_message(http, row, row.attempts + 1, self.pipelines[row.source].config)
+                forward_message_traced(
+                    http, row, row.attempts + 1, self.pipelines[row.source].config
+                )
                 for row in rows
             )
         )
