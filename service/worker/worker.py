@@ -36,6 +36,7 @@ from service.store.claims import (
 )
 from service.store.errors import StoreUnavailable
 from service.store.notifications import listen_for_messages
+from service.worker.dead_letter_alerts import alert_periodically
 from service.worker.gate import Gate
 from service.worker.retention import prune_periodically
 from service.worker.watchdog import LoopWatchdog
@@ -97,7 +98,8 @@ class Worker:
         metrics: Metrics | None = None,
         retention: InboxConfig | None = None,
     ) -> None:
-        """`metrics` counts attempts; with `retention`, the worker also prunes periodically."""
+        """`metrics` counts attempts; with `retention` (the sources file), the worker also
+        prunes periodically and sends its dead-letter alerts."""
         self.engine = engine
         self.metrics = metrics
         self.retention = retention
@@ -165,6 +167,11 @@ class Worker:
             if self.retention is not None:
                 pruner = prune_periodically(self.engine, self.retention, stop, metrics=self.metrics)
                 side.append(asyncio.create_task(pruner, name="pruner"))
+                if self.retention.alerts.webhooks:
+                    alerts = alert_periodically(
+                        self.engine, self.retention.alerts, self.sources, stop
+                    )
+                    side.append(asyncio.create_task(alerts, name="dead-letter-alerts"))
             stopping = asyncio.create_task(stop.wait(), name="stop")
             done, _ = await asyncio.wait(
                 {stopping, *loops, *side}, return_when=asyncio.FIRST_COMPLETED
