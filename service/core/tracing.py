@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
@@ -325,16 +325,28 @@ class DeliveryTrace:
 _delivery: ContextVar[DeliveryTrace | None] = ContextVar("inbox_delivery_trace", default=None)
 
 
-@contextmanager
-def delivery_span(source: str, headers: Mapping[str, str]) -> Iterator[DeliveryTrace | None]:
+# What `delivery_span` returns with tracing off: one shared object, so that the ingest path
+# allocates nothing for tracing.
+_OFF: AbstractContextManager[None] = nullcontext(None)
+
+
+def delivery_span(
+    source: str, headers: Mapping[str, str]
+) -> AbstractContextManager[DeliveryTrace | None]:
     """Trace the delivery received in this block; yields None (and makes nothing) when off.
 
     The caller sets `status_code` on what it yields; the span ends with the block.
     """
     if _tracer is None:
-        yield None
-        return
-    delivery = DeliveryTrace(_tracer, source, headers)
+        return _OFF
+    return _delivery_span(_tracer, source, headers)
+
+
+@contextmanager
+def _delivery_span(
+    tracer: Tracer, source: str, headers: Mapping[str, str]
+) -> Iterator[DeliveryTrace]:
+    delivery = DeliveryTrace(tracer, source, headers)
     token = _delivery.set(delivery)
     try:
         yield delivery
