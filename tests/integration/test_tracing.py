@@ -239,3 +239,62 @@ async def test_admin_actions_are_spans(
     assert discard.context is not None
     statements = [s for s in spans.get_finished_spans() if s.parent == discard.context]
     assert statements, "the admin action's SQL is its child"
+
+
+async def test_with_tracing_off_a_forward_passes_the_events_own_context_on(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    assert not tracing.enabled()
+    async with scripted_server((200, {})) as server:
+        config = {
+            "sources": {
+                "events": {
+                    "kind": "cloudevents",
+                    "forward": {"url": server.url, "timeout_seconds": 2},
+                }
+            }
+        }
+        async with client_for(config, run_worker=True, **WORKER_SETTINGS) as client:
+            await client.post(
+                "/webhooks/events",
+                content=structured_event("off1", traceparent=TRACEPARENT),
+                headers=STRUCTURED,
+            )
+            await wait_until(db, "SELECT status FROM inbox_messages", "processed", 10)
+    (request,) = server.requests
+    assert request.headers["traceparent"] == TRACEPARENT
+
+
+async def test_sync_mode_attempt_is_a_child_of_the_delivery(
+    client_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
+) -> None:
+    await create_effects(db)
+    async with client_for(cloudevents(mode="sync")) as client:
+        answer = await client.post(
+            "/webhooks/events",
+            content=structured_event("s1", traceparent=TRACEPARENT),
+            headers=STRUCTURED,
+        )
+    assert answer.json()["status"] == "processed"
+    (delivered,) = named(spans, "deliver events")
+    (attempt,) = named(spans, "process events")
+    assert delivered.context is not None
+    assert attempt.parent is not None
+    assert attempt.parent.span_id == delivered.context.span_id
+    assert hex_trace(attempt) == TRACE_ID
+    children = [s.name for s in spans.get_finished_spans() if s.parent == attempt.context]
+    assert any(name.startswith("INSERT") for name in children), children
+
+
+async def test_a_dapr_envelope_traceparent_is_continued(
+    client_for: AppFactory, spans: InMemorySpanExporter
+) -> None:
+    config = {"sources": {"orders": {"kind": "dapr"}}}
+    envelope = structured_event("d1", traceparent=TRACEPARENT, pubsubname="pubsub", topic="t")
+    async with client_for(config) as client:
+        answer = await client.post("/webhooks/orders", content=envelope, headers=STRUCTURED)
+    assert answer.json()["status"] == "SUCCESS"
+    (delivered,) = named(spans, "deliver orders")
+    assert hex_trace(delivered) == TRACE_ID
+    assert delivered.attributes is not None
+    assert delivered.attributes["inbox.kind"] == "dapr"
