@@ -41,6 +41,7 @@ MessageT = TypeVar("MessageT", bound=Traceable)
 log = logging.getLogger("service.tracing")
 
 TRACER_NAME = "webhook-inbox"
+MAX_MESSAGE_IDS = 100
 DEFAULT_SERVICE_NAME = "webhook-inbox"
 
 # A trace context as W3C Trace Context writes it: {"traceparent": ..., "tracestate": ...}.
@@ -309,7 +310,8 @@ class DeliveryTrace:
         status_code = self.status_code
         if self.message_ids:
             span.set_attribute("messaging.message.id", self.message_ids[0])
-            span.set_attribute("inbox.message_ids", self.message_ids)
+            # A batch may hold thousands; the first ones find the trace, the count says the rest.
+            span.set_attribute("inbox.message_ids", self.message_ids[:MAX_MESSAGE_IDS])
         if self.outcomes:
             span.set_attribute("inbox.outcome", ",".join(sorted(set(self.outcomes))))
         span.set_attribute("inbox.messages", len(self.message_ids))

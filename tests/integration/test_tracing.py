@@ -232,6 +232,9 @@ async def test_admin_actions_are_spans(
         auth = {"authorization": "Bearer admin-token-long-enough"}
         row_id = answer.json()["id"]
         await client.post(f"/admin/messages/{row_id}/discard", headers=auth)
+        detail = (await client.get(f"/admin/messages/{row_id}", headers=auth)).json()
+    (delivered,) = named(spans, "deliver events")
+    assert detail["trace_id"] == hex_trace(delivered)  # to look the trace up by
     (discard,) = named(spans, "admin discard")
     assert discard.attributes is not None
     assert discard.attributes["inbox.id"] == row_id

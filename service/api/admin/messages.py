@@ -161,6 +161,16 @@ def nested_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+def trace_id_of(trace_context: Any) -> str | None:
+    """The trace id in a stored `{"traceparent": "00-<trace id>-<span id>-<flags>"}`."""
+    if isinstance(trace_context, str):
+        trace_context = json.loads(trace_context)
+    if not isinstance(trace_context, dict):
+        return None
+    parts = str(trace_context.get("traceparent", "")).split("-")
+    return parts[1] if len(parts) >= 4 and len(parts[1]) == 32 else None
+
+
 @router.get("/messages/{id}", response_model=MessageDetail, responses=problem_responses(404))
 async def get_message(state: StateDep, id: MessageIdPath) -> MessageDetail:
     """Show one message: headers, body, and its attempt and admin-action history."""
@@ -178,6 +188,7 @@ async def get_message(state: StateDep, id: MessageIdPath) -> MessageDetail:
             "payload": payload,
             "body_base64": body_base64,
             "attempts": row["attempt_history"],
+            "trace_id": trace_id_of(row["trace_context"]),
         }
     )
 
