@@ -158,6 +158,8 @@ async def receive(source: str, request: Request, state: StateDep) -> Response:
             label = source if source in state.inbox.sources else UNKNOWN_SOURCE
             state.metrics.ingest_finished(label, started)
         if delivery is not None:
+            configured = state.inbox.sources.get(source)
+            delivery.kind = configured.kind if configured is not None else ""
             delivery.status_code = response.status_code
         return response
 

@@ -145,6 +145,15 @@ class OrphanClientSpansDropped(Sampler):
         return f"OrphanClientSpansDropped{{{self.inner.get_description()}}}"
 
 
+def service_resource(role: str) -> Resource:
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, with `webhook-inbox` as the service
+    name when neither gives one, and the process's role (`http`, `processing`)."""
+    resource = Resource.create({"process.role": role})
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    return resource
+
+
 def configure_from_environment(role: str) -> bool:
     """Turn tracing on in this process if OTEL_* asks for it; whether it is on.
 
@@ -154,8 +163,7 @@ def configure_from_environment(role: str) -> bool:
     """
     if not requested_by_environment():
         return False
-    attributes = {"service.name": DEFAULT_SERVICE_NAME, "process.role": role}
-    provider = TracerProvider(resource=Resource.create(attributes))
+    provider = TracerProvider(resource=service_resource(role))
     for processor in exporter_processors():
         provider.add_span_processor(processor)
     enable(provider, set_global=True)
@@ -239,13 +247,6 @@ def _link_to(carrier: Carrier | None) -> Link | None:
     if context is None:
         return None
     return Link(trace.get_current_span(context).get_span_context())
-
-
-def current_carrier() -> dict[str, str]:
-    """The current span's context as headers, for a forward's request."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier
 
 
 # Deliveries --------------------------------------------------------------------------------

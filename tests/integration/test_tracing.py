@@ -170,6 +170,7 @@ async def test_a_rejected_delivery_is_a_span_too(
     assert hex_trace(delivered) == TRACE_ID
     assert delivered.attributes is not None
     assert delivered.attributes["inbox.outcome"] == "rejected:bad_request"
+    assert delivered.attributes["inbox.kind"] == "cloudevents"
     assert delivered.attributes["http.response.status_code"] == 400
 
 

@@ -13,6 +13,7 @@ from service.core.tracing import (
     carrier_of,
     exporter_processors,
     requested_by_environment,
+    service_resource,
 )
 
 
@@ -62,3 +63,21 @@ def test_carrier_of_reads_traceparent_and_tracestate() -> None:
     assert carrier_of({"traceparent": 5}) is None
     assert carrier_of({}) is None
     assert carrier_of(None) is None
+
+
+def test_the_service_name_is_the_environments_else_webhook_inbox(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    assert service_resource("http").attributes["service.name"] == "webhook-inbox"
+    assert service_resource("http").attributes["process.role"] == "http"
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "billing-inbox")
+    assert service_resource("processing").attributes["service.name"] == "billing-inbox"
+    monkeypatch.delenv("OTEL_SERVICE_NAME")
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attrs,deployment.environment=prod"
+    )
+    resource = service_resource("http")
+    assert resource.attributes["service.name"] == "from-attrs"
+    assert resource.attributes["deployment.environment"] == "prod"
