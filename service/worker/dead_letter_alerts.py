@@ -163,8 +163,9 @@ async def alert_periodically(
     settle_seconds: float = SETTLE_SECONDS,
 ) -> None:
     """For the worker: a pass every `check_seconds` (default: the interval, at most 10 s)
-    until `stop`. A database outage skips a pass; other errors end the task (the worker stops
-    with it, as with any side task)."""
+    until `stop`. A pass that fails, for whatever reason, is logged and the next one tries
+    again: alerts must never stop the worker that processes messages (the notices are in the
+    database, so nothing is lost meanwhile)."""
     period = check_seconds if check_seconds is not None else min(config.interval_seconds, 10.0)
     async with httpx.AsyncClient(follow_redirects=False) as client:
         while not stop.is_set():
@@ -174,5 +175,7 @@ async def alert_periodically(
                 log.warning(
                     "dead-letter alerts skipped: database unavailable", extra={"error": str(exc)}
                 )
+            except Exception:
+                log.exception("dead-letter alert pass failed; the next pass tries again")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=period)
