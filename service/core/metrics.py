@@ -143,6 +143,13 @@ class Metrics:
             ["action"],
             registry=self.registry,
         )
+        self.alert_notices = Counter(
+            "webhook_inbox_alert_notices",
+            "Dead-letter alert notices ([alerts] webhooks), by outcome: sent, or failed (every "
+            "try of a pass failed; the notice is tried again after the interval).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self._inbox = _InboxCollector()
         self.registry.register(self._inbox)
         self._exposed = self.registry
@@ -161,6 +168,8 @@ class Metrics:
             self.pruned_rows.labels(status)
         for action in ("admin_retry", "admin_replay", "admin_discard"):
             self.admin_actions.labels(action)
+        for outcome in ("sent", "failed"):
+            self.alert_notices.labels(outcome)
 
     def delivery(self, source: str, outcome: str, reason: str = "") -> None:
         self.deliveries.labels(source, outcome, reason).inc()

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core.metrics import Metrics
 from service.sources.config import AlertsConfig
 from service.store.dead_letter_alerts import (
     DeadLetterNotice,
@@ -117,6 +118,7 @@ async def alert_target(
     config: AlertsConfig,
     sources: Sequence[str],
     settled: int,
+    metrics: Metrics | None = None,
 ) -> int:
     """One pass for one webhook: the notices delivered."""
     notices = await claim_notices(
@@ -129,7 +131,10 @@ async def alert_target(
     )
     delivered = 0
     for notice in notices:
-        if await send_notice(client, url, notice, config):
+        sent = await send_notice(client, url, notice, config)
+        if metrics is not None:
+            metrics.alert_notices.labels("sent" if sent else "failed").inc()
+        if sent:
             await advance_watermark(engine, notice)
             delivered += 1
     return delivered
@@ -142,13 +147,14 @@ async def alert_pass(
     sources: Sequence[str],
     *,
     settle_seconds: float = SETTLE_SECONDS,
+    metrics: Metrics | None = None,
 ) -> int:
     """Every webhook's due notices, the webhooks side by side; the notices delivered."""
     settled = await last_attempt_id(engine)
     await asyncio.sleep(settle_seconds)
     urls = [url.get_secret_value() for url in config.webhooks]
     counts = await asyncio.gather(
-        *(alert_target(engine, client, url, config, sources, settled) for url in urls)
+        *(alert_target(engine, client, url, config, sources, settled, metrics) for url in urls)
     )
     return sum(counts)
 
@@ -161,6 +167,7 @@ async def alert_periodically(
     *,
     check_seconds: float | None = None,
     settle_seconds: float = SETTLE_SECONDS,
+    metrics: Metrics | None = None,
 ) -> None:
     """For the worker: a pass every `check_seconds` (default: the interval, at most 10 s)
     until `stop`. A pass that fails, for whatever reason, is logged and the next one tries
@@ -170,7 +177,9 @@ async def alert_periodically(
     async with httpx.AsyncClient(follow_redirects=False) as client:
         while not stop.is_set():
             try:
-                await alert_pass(engine, client, config, sources, settle_seconds=settle_seconds)
+                await alert_pass(
+                    engine, client, config, sources, settle_seconds=settle_seconds, metrics=metrics
+                )
             except StoreUnavailable as exc:
                 log.warning(
                     "dead-letter alerts skipped: database unavailable", extra={"error": str(exc)}

@@ -169,7 +169,7 @@ class Worker:
                 side.append(asyncio.create_task(pruner, name="pruner"))
                 if self.retention.alerts.webhooks:
                     alerts = alert_periodically(
-                        self.engine, self.retention.alerts, self.sources, stop
+                        self.engine, self.retention.alerts, self.sources, stop, metrics=self.metrics
                     )
                     side.append(asyncio.create_task(alerts, name="dead-letter-alerts"))
             stopping = asyncio.create_task(stop.wait(), name="stop")

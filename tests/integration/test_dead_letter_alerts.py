@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.db import create_engine
+from service.core.metrics import Metrics
 from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config import AlertsConfig
@@ -30,6 +31,7 @@ from tests.processing_helpers import (
     source,
     wait_until,
 )
+from tests.prometheus_text import samples
 
 DEAD = "SELECT count(*) FROM inbox_messages WHERE status = 'dead'"
 
@@ -166,9 +168,11 @@ async def test_the_worker_sends_alerts_and_one_failing_webhook_spares_the_other(
         raw = dying(alerts={"webhooks": [broken.url, slack.url], "interval_seconds": 1})
         inbox = parse_inbox_config(raw)
         settings = Settings(database_url=database_url, **WORKER_SETTINGS)
+        metrics = Metrics(sources=inbox.sources)
         stop = asyncio.Event()
+        pipelines = resolve_pipelines(inbox)
         worker = asyncio.create_task(
-            run_worker(settings, database_url, resolve_pipelines(inbox), stop, retention=inbox)
+            run_worker(settings, database_url, pipelines, stop, retention=inbox, metrics=metrics)
         )
         try:
             await wait_until(db, "SELECT count(*) FROM inbox_alert_watermarks", 4, 30)
@@ -181,6 +185,9 @@ async def test_the_worker_sends_alerts_and_one_failing_webhook_spares_the_other(
             await worker
     (notice,) = slack.requests
     assert "message `w1`" in json.loads(notice.body)["text"]
+    counted = samples(metrics.render().decode())
+    assert counted[("webhook_inbox_alert_notices_total", (("outcome", "sent"),))] == 1
+
     assert broken.requests  # tried, failing, and the other webhook got its notice all the same
 
 
