@@ -18,6 +18,7 @@ from service.commands import db_url as db_url_command
 from service.commands import inbox as inbox_commands
 from service.commands import send as send_command
 from service.commands.outcome import CommandError
+from service.core import tracing
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
 from service.core.metrics import Metrics
@@ -159,6 +160,10 @@ def load(
     except ValidationError as exc:
         raise SystemExit(f"config error: {format_validation_error('env', exc)}") from None
     configure_logging(settings.log_level, settings.log_format, role=role)
+    try:
+        tracing.configure_from_environment(role)
+    except ValueError as exc:
+        raise SystemExit(f"config error: {exc}") from None
     if settings_only:
         return settings, InboxConfig(), {}
     try:

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from service.api.problems import problem, problem_responses, unavailable
 from service.api.request_id import request_id_of
 from service.api.state import AppState, StateDep
+from service.core import tracing
 from service.core.logging import REQUEST_ID
 from service.core.metrics import UNKNOWN_SOURCE, Metrics
 from service.processing.sync import HandlerFailed, record_and_process
@@ -147,14 +148,20 @@ id of at most {MAX_MESSAGE_ID_LENGTH} printable characters, an event type of at 
 )
 async def receive(source: str, request: Request, state: StateDep) -> Response:
     started = time.perf_counter()
-    try:
-        return await handle_delivery(source, request, state, started)
-    except Exception:
-        log.exception("ingest failed", extra={"source": source})
-        return problem(500, "internal error; the delivery was not recorded")
-    finally:
-        label = source if source in state.inbox.sources else UNKNOWN_SOURCE
-        state.metrics.ingest_finished(label, started)
+    with tracing.delivery_span(source, request.headers) as delivery:
+        try:
+            response = await handle_delivery(source, request, state, started)
+        except Exception:
+            log.exception("ingest failed", extra={"source": source})
+            response = problem(500, "internal error; the delivery was not recorded")
+        finally:
+            label = source if source in state.inbox.sources else UNKNOWN_SOURCE
+            state.metrics.ingest_finished(label, started)
+        if delivery is not None:
+            configured = state.inbox.sources.get(source)
+            delivery.kind = configured.kind if configured is not None else ""
+            delivery.status_code = response.status_code
+        return response
 
 
 PREFIX = "/webhooks/"
@@ -229,6 +236,7 @@ async def handle_delivery(
         log_delivery(metrics, source, None, "handshake", started)
         return handshake_response(verdict)
 
+    messages = tracing.traced_messages(configured.kind, verdict.items)
     pipeline = state.pipelines.get(source)
     headers = stored_headers(configured, request)
     try:
@@ -236,12 +244,12 @@ async def handle_delivery(
             # Sync mode runs the handlers inside this request's own transaction, so it cannot
             # share a group commit with other requests.
             results = await record_and_process(
-                state.engine, pipeline, verdict.items, headers, body, content_type
+                state.engine, pipeline, messages, headers, body, content_type
             )
         else:
             results = await state.committer.record(
                 source,
-                verdict.items,
+                messages,
                 headers,
                 body,
                 content_type,
@@ -316,6 +324,7 @@ def log_delivery(
     """Log one delivery's outcome (`rejected:<reason>` for a refusal) and count it."""
     kind, _, reason = outcome.partition(":")
     metrics.delivery(source, kind, reason)
+    tracing.delivery_outcome(message_id, outcome)
     fields: dict[str, Any] = {
         "source": source,
         "message_id": message_id,

@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from service.api.state import StateDep
 from service.core.metrics import CONTENT_TYPE, InboxSnapshot
-from service.core.schema import UNFINISHED
+from service.core.schema import UNFINISHED, Status
 from service.store.admin import status_counts
 from service.store.errors import StoreUnavailable
 
@@ -18,17 +18,37 @@ log = logging.getLogger("service.metrics")
 router = APIRouter(tags=["health"])
 
 
+# Scrapes within this many seconds of the last one are answered from its snapshot: several
+# Prometheus replicas (or a scrape every second) then cost one GROUP BY, not one each.
+SNAPSHOT_CACHE_SECONDS = 2.0
+
+
 async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
-    """Counts by source and status from one GROUP BY; None (series omitted) if the DB is down."""
+    """Counts by source and status from one GROUP BY; None (series omitted) if the DB is down.
+
+    Every gauge derived from the table is read here, at scrape time, by whichever HTTP process
+    answers: the database is the one truth every process shares, so under `serve` nothing of
+    them goes through the per-process files (no multiprocess_mode to choose, no stale value
+    left by a process that died).
+    """
     try:
         groups = await status_counts(state.engine)
     except StoreUnavailable as exc:
         log.warning("metrics: database unavailable", extra={"error": str(exc)})
         return None
     ages = [g.oldest_age_seconds for g in groups if g.status in UNFINISHED]
+    backlog = dict.fromkeys(state.inbox.sources, 0.0)
+    dead = dict.fromkeys(state.inbox.sources, 0)
+    for g in groups:
+        if g.status in UNFINISHED:
+            backlog[g.source] = max(backlog.get(g.source, 0.0), g.oldest_age_seconds)
+        elif g.status == Status.DEAD:
+            dead[g.source] = g.count
     return InboxSnapshot(
         counts={(g.source, g.status): g.count for g in groups},
         oldest_pending_age_seconds=max(ages) if ages else 0.0,
+        backlog_age_seconds=backlog,
+        dead_letters=dead,
     )
 
 
@@ -38,6 +58,7 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
     responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format."}},
 )
 async def metrics(state: StateDep) -> Response:
-    """Prometheus metrics: deliveries, ingest latency, messages by status, backlog age, pruning."""
-    state.metrics.set_inbox_snapshot(await read_snapshot(state))
+    """Prometheus metrics: deliveries, latency, messages by status, backlog age, dead letters."""
+    if not state.metrics.snapshot_is_fresh(SNAPSHOT_CACHE_SECONDS):
+        state.metrics.set_inbox_snapshot(await read_snapshot(state))
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)

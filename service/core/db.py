@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from service.core import tracing
 from service.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,9 @@ def create_engine(url: str, settings: Settings, **overrides: Any) -> AsyncEngine
         },
     }
     options.update(overrides)
-    return create_async_engine(async_url(url), **options)
+    engine = create_async_engine(async_url(url), **options)
+    tracing.instrument_engine(engine)
+    return engine
 
 
 class EmbeddedPostgres:

@@ -44,6 +44,10 @@ class InboxSnapshot:
 
     counts: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (source, status) -> n
     oldest_pending_age_seconds: float | None = None
+    # Per source: the oldest unfinished message's age, and the dead letters (0 for a
+    # configured source with none, so that alert rules see the series before the first).
+    backlog_age_seconds: Mapping[str, float] = field(default_factory=dict)
+    dead_letters: Mapping[str, int] = field(default_factory=dict)
 
 
 class _InboxCollector(Collector):
@@ -69,7 +73,22 @@ class _InboxCollector(Collector):
             "0 when there is none.",
             value=snapshot.oldest_pending_age_seconds or 0.0,
         )
-        return [messages, oldest]
+        backlog = GaugeMetricFamily(
+            "webhook_inbox_backlog_oldest_age_seconds",
+            "Per source, the age of its oldest message not yet finished (pending, retrying or "
+            "processing); 0 when there is none.",
+            labels=["source"],
+        )
+        for source, age in sorted(snapshot.backlog_age_seconds.items()):
+            backlog.add_metric([source], age)
+        dead = GaugeMetricFamily(
+            "webhook_inbox_dead_letters",
+            "Per source, the messages in the dead-letter list (status dead).",
+            labels=["source"],
+        )
+        for source, count in sorted(snapshot.dead_letters.items()):
+            dead.add_metric([source], count)
+        return [messages, oldest, backlog, dead]
 
 
 class Metrics:
@@ -77,6 +96,7 @@ class Metrics:
 
     def __init__(self, sources: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
+        self.snapshot_read_at: float | None = None
         self.shared_dir = os.environ.get(MULTIPROCESS_ENV)
         if self.shared_dir is None:
             # One process: its own process_* and python_* series. (Under `serve` they would
@@ -123,6 +143,13 @@ class Metrics:
             ["action"],
             registry=self.registry,
         )
+        self.alert_notices = Counter(
+            "webhook_inbox_alert_notices",
+            "Dead-letter alert notices ([alerts] webhooks), by outcome: sent, or failed (every "
+            "try of a pass failed; the notice is tried again after the interval).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self._inbox = _InboxCollector()
         self.registry.register(self._inbox)
         self._exposed = self.registry
@@ -141,6 +168,8 @@ class Metrics:
             self.pruned_rows.labels(status)
         for action in ("admin_retry", "admin_replay", "admin_discard"):
             self.admin_actions.labels(action)
+        for outcome in ("sent", "failed"):
+            self.alert_notices.labels(outcome)
 
     def delivery(self, source: str, outcome: str, reason: str = "") -> None:
         self.deliveries.labels(source, outcome, reason).inc()
@@ -161,6 +190,15 @@ class Metrics:
 
     def set_inbox_snapshot(self, snapshot: InboxSnapshot | None) -> None:
         self._inbox.snapshot = snapshot
+        self.snapshot_read_at = time.monotonic()
+
+    def snapshot_is_fresh(self, max_age_seconds: float) -> bool:
+        """Whether the last snapshot read from the database is recent enough to serve again."""
+        return (
+            self._inbox.snapshot is not None
+            and self.snapshot_read_at is not None
+            and time.monotonic() - self.snapshot_read_at < max_age_seconds
+        )
 
     def render(self) -> bytes:
         return generate_latest(self._exposed)

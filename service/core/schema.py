@@ -155,6 +155,8 @@ class MessageRecord(InboxTable, table=True):
         default=False,
         sa_column=Column(Boolean, nullable=False, server_default=text("false")),
     )
+    # The W3C trace context of the delivery's span, for the attempts' spans to continue (0004).
+    trace_context: dict[str, str] | None = Field(default=None, sa_column=Column(JSONB))
 
 
 class AttemptRecord(InboxTable, table=True):
@@ -186,6 +188,18 @@ class AttemptRecord(InboxTable, table=True):
     traceback: str | None = Field(default=None, sa_column=Column(Text))
     duration_ms: float | None = Field(default=None, sa_column=Column(Double))
     actor: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class AlertWatermark(InboxTable, table=True):
+    """`inbox_alert_watermarks`: per alert target and source, the last dead-letter attempt
+    notified and when (0004)."""
+
+    __tablename__ = "inbox_alert_watermarks"
+
+    target: str = Field(sa_column=Column(Text, primary_key=True))
+    source: str = Field(sa_column=Column(Text, primary_key=True))
+    last_attempt_id: int = Field(sa_column=Column(BigInteger, nullable=False))
+    notified_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
 
 metadata = InboxTable.metadata

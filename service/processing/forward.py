@@ -58,6 +58,11 @@ def forward_headers(row: MessageRow, attempt: int) -> dict[str, str]:
     }
     if row.event_type is not None:
         headers["inbox-event-type"] = row.event_type
+    if row.trace_context:
+        # The delivery's stored trace context (`traceparent`, `tracestate`), so the destination
+        # continues the sender's trace; with tracing on, the httpx instrumentation replaces it
+        # with the attempt's own span.
+        headers.update(row.trace_context)
     return headers
 
 

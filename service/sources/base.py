@@ -48,6 +48,10 @@ class Message:
     event_type: str | None = None
     body: bytes | None = None  # None: the whole request body
     content_type: str | None = None  # None: the request's content type
+    # The W3C trace context the event itself carries (CloudEvents' distributed-tracing
+    # extension, Pub/Sub attributes), {"traceparent": ..., "tracestate": ...}; with tracing on,
+    # ingest stores the delivery span's context in its place.
+    trace_context: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)

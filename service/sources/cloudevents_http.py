@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
+from service.core.tracing import carrier_of
 from service.sources.base import (
     BadDelivery,
     Handshake,
@@ -66,7 +67,15 @@ def message_from_attributes(
     message_id = checked_message_id(dedup_key(source, event_id), f"'source' + 'id' in {where}")
     content_type = STRUCTURED if body is not None else None
     event_type = checked_event_type(event["type"], f"the 'type' attribute in {where}")
-    return Message(message_id, event_type, body=body, content_type=content_type)
+    # The distributed-tracing extension: `traceparent`/`tracestate` attributes (`ce-traceparent`
+    # headers in binary mode, members of the event in structured and batched modes).
+    return Message(
+        message_id,
+        event_type,
+        body=body,
+        content_type=content_type,
+        trace_context=carrier_of(event),
+    )
 
 
 def binary_attributes(delivery: RawDelivery) -> dict[str, str]:

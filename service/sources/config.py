@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
 from service.core.settings import ConfigError
 
@@ -92,6 +92,33 @@ class RetentionConfig(BaseModel):
 
     processed_days: float = Field(default=30, gt=0)
     dead_days: float | None = Field(default=None, gt=0)
+
+
+def check_webhook_url(value: SecretStr) -> SecretStr:
+    url = value.get_secret_value()
+    if not url.startswith(("https://", "http://")):
+        raise ValueError("an alert webhook is an http:// or https:// URL")
+    return value
+
+
+class AlertsConfig(BaseModel):
+    """`[alerts]`: webhooks told when messages go dead, one notice per source per interval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # URLs, or `env:NAME`: a Slack incoming webhook's URL is itself the credential.
+    webhooks: list[Annotated[Secret, AfterValidator(check_webhook_url)]] = Field(
+        default_factory=list
+    )
+    # "slack": {"text": ...}, as Slack's incoming webhooks (and Mattermost's) read it; "json"
+    # adds the source, the count and the first messages as fields beside the text.
+    format: Literal["slack", "json"] = "slack"
+    interval_seconds: float = Field(default=60.0, ge=1)
+    max_errors: int = Field(default=3, ge=1, le=50)
+    # Tries of one notice within a pass, with exponential backoff between them; a notice
+    # still undelivered is tried again after interval_seconds.
+    send_attempts: int = Field(default=4, ge=1, le=20)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
 
 
 def read_toml(path: Path, *, required: bool = False) -> dict[str, Any]:

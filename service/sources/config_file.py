@@ -12,17 +12,18 @@ from pydantic import ValidationError
 from service.core.settings import ConfigError, format_validation_error
 from service.sources import KINDS
 from service.sources.base import AnySource
-from service.sources.config import RetentionConfig, read_toml
+from service.sources.config import AlertsConfig, RetentionConfig, read_toml
 
 _SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
 @dataclass(frozen=True)
 class InboxConfig:
-    """What the sources file says: the sources by name, and retention."""
+    """What the sources file says: the sources by name, retention, and dead-letter alerts."""
 
     sources: Mapping[str, AnySource] = field(default_factory=dict)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
 
 def build_source(name: str, table: Any) -> AnySource:
@@ -76,7 +77,7 @@ def check_retention_floors(sources: Mapping[str, AnySource], retention: Retentio
 
 def parse_inbox_config(raw: Mapping[str, Any]) -> InboxConfig:
     """Build the configuration from a parsed TOML document."""
-    unknown = set(raw) - {"sources", "retention"}
+    unknown = set(raw) - {"sources", "retention", "alerts"}
     if unknown:
         raise ConfigError(f"{sorted(unknown)[0]}: unknown key")
     sources_table = raw.get("sources", {})
@@ -88,7 +89,11 @@ def parse_inbox_config(raw: Mapping[str, Any]) -> InboxConfig:
     except ValidationError as exc:
         raise ConfigError(format_validation_error("retention", exc)) from None
     check_retention_floors(sources, retention)
-    return InboxConfig(sources=sources, retention=retention)
+    try:
+        alerts = AlertsConfig.model_validate(raw.get("alerts", {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error("alerts", exc)) from None
+    return InboxConfig(sources=sources, retention=retention, alerts=alerts)
 
 
 def load_inbox_config(path: Path, *, required: bool = False) -> InboxConfig:

@@ -11,6 +11,7 @@ import httpx
 import jwt
 from pydantic import Field, field_validator, model_validator
 
+from service.core.tracing import carrier_of
 from service.sources.base import (
     BadDelivery,
     Message,
@@ -156,7 +157,9 @@ class PubSubSource(Source[PubSubConfig]):
         message_id = checked_message_id(
             message.get("messageId") or message.get("message_id"), "the field message.messageId"
         )
-        return Messages([Message(message_id, self._event_type(message))])
+        return Messages(
+            [Message(message_id, self._event_type(message), trace_context=carried_trace(message))]
+        )
 
     def _event_type(self, message: dict[str, Any]) -> str | None:
         name = self.config.event_type_attribute
@@ -204,3 +207,18 @@ class PubSubSource(Source[PubSubConfig]):
             claims.get("email") != expected_email or claims.get("email_verified") is not True
         ):
             raise Unauthenticated("the bearer token is not for the configured service account")
+
+
+def carried_trace(message: dict[str, Any]) -> dict[str, str] | None:
+    """The trace context in the message's attributes: `googclient_traceparent` as Google's
+    client libraries write it with OpenTelemetry on, or a plain `traceparent`."""
+    attributes = message.get("attributes")
+    if not isinstance(attributes, dict):
+        return None
+    return carrier_of(
+        {
+            "traceparent": attributes.get("googclient_traceparent")
+            or attributes.get("traceparent"),
+            "tracestate": attributes.get("googclient_tracestate") or attributes.get("tracestate"),
+        }
+    )

@@ -142,7 +142,8 @@ async def list_messages(
 
 
 GET_MESSAGE = text(
-    f"SELECT {SUMMARY_COLUMNS}, headers, body, content_type FROM inbox_messages WHERE id = :id"  # noqa: S608
+    f"SELECT {SUMMARY_COLUMNS}, headers, body, content_type, trace_context "  # noqa: S608
+    "FROM inbox_messages WHERE id = :id"
 )
 GET_ATTEMPTS = text(
     """

@@ -29,6 +29,8 @@ class MessageRow:
     headers: dict[str, str]
     body: bytes
     content_type: str | None
+    # The delivery span's W3C trace context, for the attempt's span (None: none stored).
+    trace_context: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,9 +173,9 @@ CLAIM_DUE = text(
      WHERE m.id = due.id
        AND m.source = l.source
     RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
-              m.headers, m.body, m.content_type
+              m.headers, m.body, m.content_type, m.trace_context
     """
-).columns(headers=JSONB)
+).columns(headers=JSONB, trace_context=JSONB)
 
 
 async def claim_due(
@@ -203,6 +205,7 @@ async def claim_due(
             headers=r.headers or {},
             body=bytes(r.body),
             content_type=r.content_type,
+            trace_context=r.trace_context,
         )
         for r in rows
     ]

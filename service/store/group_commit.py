@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core.tracing import stored
 from service.sources.base import Message, Recorded
 from service.store.errors import (
     StoreOverloaded,
@@ -37,27 +38,29 @@ log = logging.getLogger(__name__)
 #   (an updated row carries our own transaction id as its xmax).
 # - A message of a source with nothing to run (no handlers, no forward) is stored `processed`
 #   at once: no worker round, no status change, no index entry rewritten.
-# - pg_notify ($9: the channel), once per batch that inserted a pending row, is sent when
+# - pg_notify ($10: the channel), once per batch that inserted a pending row, is sent when
 #   the statement's implicit transaction commits. The scalar subquery makes the otherwise
 #   unreferenced `woken` CTE run; a SELECT CTE nobody reads is never evaluated.
 RECORD_BATCH = """
 WITH written AS (
     INSERT INTO inbox_messages AS m (source, message_id, event_type, headers, body,
-                                     content_type, status, processed_at, receive_count)
+                                     content_type, status, processed_at, receive_count,
+                                     trace_context)
     SELECT source, message_id, event_type, headers::jsonb, body, content_type,
            CASE WHEN done THEN 'processed' ELSE 'pending' END,
            CASE WHEN done THEN now() END,
-           received
+           received, trace_context::jsonb
       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[],
-                  $7::boolean[], $8::int[])
-           AS t(source, message_id, event_type, headers, body, content_type, done, received)
+                  $7::boolean[], $8::int[], $9::text[])
+           AS t(source, message_id, event_type, headers, body, content_type, done, received,
+                trace_context)
     ON CONFLICT (source, message_id) DO UPDATE
        SET receive_count = m.receive_count + EXCLUDED.receive_count,
            last_received_at = now()
     RETURNING m.id, m.source, m.message_id, m.xmax = 0 AS inserted, m.status = 'pending'
               AS pending
 ), woken AS (
-    SELECT pg_notify($9, '') FROM written WHERE inserted AND pending LIMIT 1
+    SELECT pg_notify($10, '') FROM written WHERE inserted AND pending LIMIT 1
 )
 SELECT id, source, message_id, inserted, (SELECT count(*) FROM woken) AS notified
   FROM written
@@ -314,7 +317,7 @@ class GroupCommitter:
                     received[key] = 1
 
         keys = sorted(first)
-        rows: list[list[Any]] = [[], [], [], [], [], [], [], []]
+        rows: list[list[Any]] = [[] for _ in range(9)]
         for key in keys:
             entry, message = first[key]
             rows[0].append(entry.source)
@@ -325,6 +328,7 @@ class GroupCommitter:
             rows[5].append(message.content_type or entry.content_type)
             rows[6].append(entry.processed)
             rows[7].append(received[key])
+            rows[8].append(stored(message.trace_context))
 
         written = await pg.fetch(RECORD_BATCH, *rows, NOTIFY_CHANNEL)
         ids = {(r["source"], r["message_id"]): int(r["id"]) for r in written if r["inserted"]}

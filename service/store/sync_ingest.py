@@ -20,12 +20,17 @@ from service.store.errors import is_refusal, refused, translate_errors
 # redelivery never touches the first delivery's body, headers or status.
 INSERT_MESSAGE = text(
     """
-    INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type)
-    VALUES (:source, :message_id, :event_type, :headers, :body, :content_type)
+    INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type,
+                                trace_context)
+    VALUES (:source, :message_id, :event_type, :headers, :body, :content_type, :trace_context)
     ON CONFLICT (source, message_id) DO NOTHING
     RETURNING id
     """
-).bindparams(bindparam("headers", type_=JSONB), bindparam("body", type_=LargeBinary))
+).bindparams(
+    bindparam("headers", type_=JSONB),
+    bindparam("body", type_=LargeBinary),
+    bindparam("trace_context", type_=JSONB),
+)
 
 # A separate statement (not a CTE of the insert) so that, under READ COMMITTED, it sees a row
 # whose inserting transaction committed while our INSERT waited on it.
@@ -73,6 +78,7 @@ async def insert_messages(
             "headers": stored_headers,
             "body": message_body,
             "content_type": message_type,
+            "trace_context": None if message.trace_context is None else dict(message.trace_context),
         }
         try:
             row_id = (await conn.execute(INSERT_MESSAGE, values)).scalar_one_or_none()
@@ -97,6 +103,7 @@ async def insert_messages(
                 stored_headers,
                 message_body,
                 message_type,
+                message.trace_context,
             )
         )
     return results, accepted

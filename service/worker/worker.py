@@ -17,10 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.metrics import Metrics
 from service.core.settings import Settings
-from service.processing.forward import forward_message, lease_seconds
+from service.processing.attempt_spans import forward_message_traced, run_handlers_traced
+from service.processing.forward import lease_seconds
 from service.processing.pipeline import Pipeline
 from service.processing.policy import failed_attempt, retry_failure
-from service.processing.runner import handler_scope, run_handlers
+from service.processing.runner import handler_scope
 from service.sources.config_file import InboxConfig
 from service.store.claims import (
     AttemptResult,
@@ -36,6 +37,7 @@ from service.store.claims import (
 )
 from service.store.errors import StoreUnavailable
 from service.store.notifications import listen_for_messages
+from service.worker.dead_letter_alerts import alert_periodically
 from service.worker.gate import Gate
 from service.worker.retention import prune_periodically
 from service.worker.watchdog import LoopWatchdog
@@ -111,7 +113,8 @@ class Worker:
         metrics: Metrics | None = None,
         retention: InboxConfig | None = None,
     ) -> None:
-        """`metrics` counts attempts; with `retention`, the worker also prunes periodically."""
+        """`metrics` counts attempts; with `retention` (the sources file), the worker also
+        prunes periodically and sends its dead-letter alerts."""
         self.engine = engine
         self.metrics = metrics
         self.retention = retention
@@ -180,6 +183,11 @@ class Worker:
             if self.retention is not None:
                 pruner = prune_periodically(self.engine, self.retention, stop, metrics=self.metrics)
                 side.append(asyncio.create_task(pruner, name="pruner"))
+                if self.retention.alerts.webhooks:
+                    alerts = alert_periodically(
+                        self.engine, self.retention.alerts, self.sources, stop, metrics=self.metrics
+                    )
+                    side.append(asyncio.create_task(alerts, name="dead-letter-alerts"))
             stopping = asyncio.create_task(stop.wait(), name="stop")
             done, _ = await asyncio.wait(
                 {stopping, *loops, *side}, return_when=asyncio.FIRST_COMPLETED
@@ -339,7 +347,7 @@ class Worker:
                     if failed is not None and row is failed[0]:
                         results.append(failed[1])
                         continue
-                    result, exc = await run_handlers(
+                    result, exc = await run_handlers_traced(
                         session, savepoints, self.pipelines[row.source], row, isolated=isolated
                     )
                     if exc is not None and not isolated:
@@ -385,7 +393,9 @@ class Worker:
         http = self._http
         results = await asyncio.gather(
             *(
-                forward_message(http, row, row.attempts + 1, self.pipelines[row.source].config)
+                forward_message_traced(
+                    http, row, row.attempts + 1, self.pipelines[row.source].config
+                )
                 for row in rows
             )
         )

@@ -55,6 +55,10 @@ async def test_metrics_expose_deliveries_latency_statuses_and_backlog(
     assert value("webhook_inbox_messages", source="hooks", status="pending") == 2
     assert value("webhook_inbox_messages", source="removed", status="dead") == 1
     assert 590 < value("webhook_inbox_oldest_pending_age_seconds") < 700
+    # Per source: the backlog's oldest age and the dead letters (zero for a configured source).
+    assert 590 < value("webhook_inbox_backlog_oldest_age_seconds", source="hooks") < 700
+    assert value("webhook_inbox_dead_letters", source="hooks") == 0
+    assert value("webhook_inbox_dead_letters", source="removed") == 1
     # Present at zero before anything happened; the worker and retention count them.
     assert value("webhook_inbox_handler_duration_seconds_count", source="hooks") == 0
     assert value("webhook_inbox_pruned_rows_total", status="dead") == 0
@@ -67,3 +71,13 @@ async def test_each_app_counts_on_its_own(client_for: AppFactory) -> None:
     async with client_for(CONFIG) as client:
         text = (await client.get("/metrics")).text
     assert 'reason="unknown_source"' not in text
+
+
+async def test_scrapes_close_together_share_one_database_read(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    async with client_for(CONFIG) as client:
+        await client.get("/metrics")
+        await seed(db, "late", source="hooks", status="dead")
+        cached = samples((await client.get("/metrics")).text)
+        assert cached[("webhook_inbox_dead_letters", (("source", "hooks"),))] == 0

@@ -29,7 +29,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
     try:
         await upgrade(engine)
         assert await current_revision(engine) == head_revision()
-        assert await tables(url) == {"inbox_messages", "inbox_attempts"}
+        assert await tables(url) == {"inbox_messages", "inbox_attempts", "inbox_alert_watermarks"}
         await downgrade(engine, "base")
         assert await current_revision(engine) is None
         assert await tables(url) == set()

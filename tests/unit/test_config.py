@@ -114,3 +114,20 @@ def test_no_sources_only_when_inbox_config_is_unset_and_no_inbox_toml(
     (tmp_path / "inbox.toml").mkdir()
     with pytest.raises(SystemExit, match=r"^config error: inbox\.toml: is a directory"):
         load()
+
+
+def test_alerts_webhooks_read_env_and_must_be_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T0/B0/abc")
+    alerts = parse_inbox_config({"alerts": {"webhooks": ["env:SLACK_WEBHOOK_URL"]}}).alerts
+    assert [u.get_secret_value() for u in alerts.webhooks] == [
+        "https://hooks.slack.com/services/T0/B0/abc"
+    ]
+    assert "abc" not in repr(alerts)  # the URL is the credential: never shown
+    with pytest.raises(ConfigError, match=r"alerts\.webhooks\.0: an alert webhook is an http"):
+        parse_inbox_config({"alerts": {"webhooks": ["hooks.slack.com/x"]}})
+    with pytest.raises(ConfigError, match=r"alerts\.interval: unknown key"):
+        parse_inbox_config({"alerts": {"interval": 5}})
+
+
+def test_no_alerts_by_default() -> None:
+    assert parse_inbox_config({}).alerts.webhooks == []

@@ -32,6 +32,7 @@ from service.api.admin.models import (
 from service.api.problems import ProblemError, problem_responses
 from service.api.security import Admin, AdminDep
 from service.api.state import AppState, StateDep
+from service.core import tracing
 from service.core.schema import Status
 from service.store import admin as store
 from service.store.admin import MessageFilter, Position
@@ -160,6 +161,16 @@ def nested_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+def trace_id_of(trace_context: Any) -> str | None:
+    """The trace id in a stored `{"traceparent": "00-<trace id>-<span id>-<flags>"}`."""
+    if isinstance(trace_context, str):
+        trace_context = json.loads(trace_context)
+    if not isinstance(trace_context, dict):
+        return None
+    parts = str(trace_context.get("traceparent", "")).split("-")
+    return parts[1] if len(parts) >= 4 and len(parts[1]) == 32 else None
+
+
 @router.get("/messages/{id}", response_model=MessageDetail, responses=problem_responses(404))
 async def get_message(state: StateDep, id: MessageIdPath) -> MessageDetail:
     """Show one message: headers, body, and its attempt and admin-action history."""
@@ -182,6 +193,7 @@ def detail_from_row(row: Mapping[str, Any]) -> MessageDetail:
             "payload": payload,
             "body_base64": body_base64,
             "attempts": row["attempt_history"],
+            "trace_id": trace_id_of(row["trace_context"]),
         }
     )
 
@@ -196,9 +208,13 @@ async def bulk_retry(
 ) -> BulkRetryResult:
     """Retry every message matching the filters, in batches; `dry_run` only counts."""
     filters = to_filter(request, list(request.status))
-    result = await store.bulk_retry(
-        state.engine, filters, admin.actor, force=request.force, dry_run=request.dry_run
-    )
+    with tracing.admin_span("bulk_retry", force=request.force, dry_run=request.dry_run) as span:
+        result = await store.bulk_retry(
+            state.engine, filters, admin.actor, force=request.force, dry_run=request.dry_run
+        )
+        if span is not None:
+            span.set_attribute("inbox.admin.matched", result.matched)
+            span.set_attribute("inbox.admin.retried", result.retried)
     for action, count in result.by_action.items():
         state.metrics.admin_actions.labels(action).inc(count)
     log.info(
@@ -225,8 +241,10 @@ async def retry_message(
 ) -> RetryResult:
     """Give a retrying, dead or discarded message a fresh attempt budget; replay with force."""
     force = request.force if request is not None else False
-    with store_errors():
+    with tracing.admin_span("replay" if force else "retry", id=id) as span, store_errors():
         row, action = await store.retry_message(state.engine, id, admin.actor, force)
+        if span is not None:
+            span.set_attribute("inbox.admin.result", action)
     return acted(state, admin, action, row)
 
 
@@ -235,8 +253,10 @@ async def retry_message(
 )
 async def discard_message(state: StateDep, admin: AdminDep, id: MessageIdPath) -> RetryResult:
     """Set a message aside as discarded; its dedup row stays, so redeliveries stay duplicates."""
-    with store_errors():
+    with tracing.admin_span("discard", id=id) as span, store_errors():
         row, changed = await store.discard_message(state.engine, id, admin.actor)
+        if span is not None:
+            span.set_attribute("inbox.admin.result", "discarded" if changed else "none")
     return acted(state, admin, store.ADMIN_DISCARD if changed else "none", row)
 
 

@@ -158,6 +158,12 @@ class MessageDetail(MessageSummary):
         default=None, description="The raw body in base64, when it is not JSON."
     )
     attempts: list[Attempt] = Field(description="Attempts and admin actions, oldest first.")
+    trace_id: str | None = Field(
+        default=None,
+        description="The W3C trace id of the delivery's trace (32 hex digits), to look the "
+        "delivery and its attempts up in a tracing backend; null when none was stored "
+        "(tracing off and no trace context in the event).",
+    )
 
 
 class RetryRequest(BaseModel):

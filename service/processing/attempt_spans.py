@@ -1,0 +1,61 @@
+"""Each processing attempt as a span (service.core.tracing), around the runner and forwards."""
+
+from __future__ import annotations
+
+import httpx
+
+from service.core import tracing
+from service.processing.forward import forward_message
+from service.processing.handler_api import HandlerSession
+from service.processing.pipeline import Pipeline
+from service.processing.runner import run_handlers
+from service.sources.config import SourceConfig
+from service.store.claims import AttemptResult, MessageRow, MessageSavepoints
+
+
+def handler_names(pipeline: Pipeline, event_type: str | None) -> list[str]:
+    return [route.target for route in pipeline.routes if route.matches(event_type)]
+
+
+async def run_handlers_traced(
+    session: HandlerSession,
+    savepoints: MessageSavepoints,
+    pipeline: Pipeline,
+    row: MessageRow,
+    *,
+    isolated: bool = True,
+) -> tuple[AttemptResult, BaseException | None]:
+    """`run_handlers` inside the attempt's span, so the handlers' own calls are its children."""
+    if not tracing.enabled():
+        return await run_handlers(session, savepoints, pipeline, row, isolated=isolated)
+    names = handler_names(pipeline, row.event_type)
+    with tracing.attempt_span(
+        row.source, row.message_id, row.id, row.attempts + 1, names, row.trace_context
+    ) as span:
+        result, exc = await run_handlers(session, savepoints, pipeline, row, isolated=isolated)
+        if span is not None:
+            span.finished(result.outcome, describe(result))
+    return result, exc
+
+
+async def forward_message_traced(
+    client: httpx.AsyncClient, row: MessageRow, attempt: int, config: SourceConfig
+) -> AttemptResult:
+    """`forward_message` inside the attempt's span; the httpx instrumentation then sends the
+    span's `traceparent` to the destination."""
+    if not tracing.enabled():
+        return await forward_message(client, row, attempt, config)
+    target = [config.forward.url] if config.forward else []
+    with tracing.attempt_span(
+        row.source, row.message_id, row.id, attempt, target, row.trace_context
+    ) as span:
+        result = await forward_message(client, row, attempt, config)
+        if span is not None:
+            span.finished(result.outcome, describe(result))
+    return result
+
+
+def describe(result: AttemptResult) -> str | None:
+    if result.outcome in ("processed", "skipped"):
+        return None
+    return f"{result.error_type}: {result.error}" if result.error_type else result.error
