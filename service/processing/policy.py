@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Literal
 
 from service.core.schema import Status
+from service.processing import handler_api
 from service.processing.handler_api import PermanentFailure, RetryLater
 from service.sources.config import SourceConfig
 from service.store.claims import AttemptResult
@@ -45,12 +46,23 @@ class Failure:
     traceback: str | None
 
 
+def public_name(cls: type[BaseException]) -> str:
+    """The name a reader of `last_error` knows `cls` by: the handler API's exceptions as the
+    `service` package exports them (`service.PermanentFailure`), the inbox's other exceptions
+    by their class name, never an internal module path; anyone else's with its module."""
+    name, module = cls.__qualname__, cls.__module__
+    if module in ("builtins", "__main__"):
+        return name
+    if module == handler_api.__name__:
+        return f"service.{name}"
+    if module == "service" or module.startswith("service."):
+        return name
+    return f"{module}.{name}"
+
+
 def describe(exc: BaseException) -> tuple[str, str, str]:
     """Type name, bounded message and bounded traceback (its innermost end) of `exc`."""
-    kind = type(exc).__qualname__
-    module = type(exc).__module__
-    if module not in ("builtins", "__main__"):
-        kind = f"{module}.{kind}"
+    kind = public_name(type(exc))
     message = str(exc)[:MAX_ERROR_CHARS]
     tb = "".join(traceback.format_exception(exc, limit=30))[-MAX_TRACEBACK_CHARS:]
     return kind, message, tb

@@ -39,13 +39,13 @@ def test_unknown_top_level_key() -> None:
 def test_missing_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOPE_SECRET", raising=False)
     config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:NOPE_SECRET"]}}}
-    assert error_for(config) == "sources.sw.secrets.0: environment variable NOPE_SECRET is not set"
+    assert error_for(config) == "sources.sw.secrets[0]: environment variable NOPE_SECRET is not set"
 
 
 def test_empty_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMPTY_SECRET", "  ")
     config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:EMPTY_SECRET"]}}}
-    assert error_for(config) == "sources.sw.secrets.0: environment variable EMPTY_SECRET is empty"
+    assert error_for(config) == "sources.sw.secrets[0]: environment variable EMPTY_SECRET is empty"
 
 
 def test_env_secret_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +68,7 @@ def test_env_secret_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("placeholder", ["changeme", "", "<your secret>"])
 def test_placeholder_or_empty_secret(placeholder: str) -> None:
     config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": [placeholder]}}}
-    assert error_for(config).startswith("sources.sw.secrets.0: secret is")
+    assert error_for(config).startswith("sources.sw.secrets[0]: secret is")
 
 
 def test_standard_webhooks_needs_a_secret() -> None:
