@@ -67,6 +67,16 @@ LAST_ERROR_TYPE = """
 """
 
 
+def glob_like(pattern: str) -> str | None:
+    """The glob `pattern` (`*` any run of characters, `?` one, as the sources file's
+    `event_types`) as a LIKE pattern, or None when it has no wildcard. LIKE's own `%`, `_`
+    and its escape character `\\` are escaped, so they match only themselves."""
+    if "*" not in pattern and "?" not in pattern:
+        return None
+    escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped.replace("*", "%").replace("?", "_")
+
+
 @dataclass(frozen=True)
 class MessageFilter:
     """The admin listings' filters; every one that is set must hold (they combine with AND)."""
@@ -90,8 +100,14 @@ class MessageFilter:
             clauses.append("status = ANY(:statuses)")
             params["statuses"] = list(self.statuses)
         if self.event_type is not None:
-            clauses.append("event_type = :event_type")
-            params["event_type"] = self.event_type
+            like = glob_like(self.event_type)
+            if like is None:  # no wildcard: equality, which the event_type index serves
+                clauses.append("event_type = :event_type")
+                params["event_type"] = self.event_type
+            else:
+                # A message without an event type matches `*`, as it does in the sources file.
+                clauses.append("coalesce(event_type, '') LIKE :event_type")
+                params["event_type"] = like
         if self.message_id is not None:
             clauses.append("message_id = :message_id")
             params["message_id"] = self.message_id
