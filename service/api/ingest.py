@@ -202,7 +202,17 @@ async def handle_delivery(
     configured = state.inbox.sources.get(source)
     if configured is None:
         metrics.delivery(UNKNOWN_SOURCE, "rejected", "unknown_source")
-        return problem(404, f"no source named {source!r} is configured")
+        # Logged like every other delivery's outcome: a sender pointed at a mistyped source
+        # is otherwise invisible to the operator.
+        log.info(
+            "delivery",
+            extra={
+                "source": loggable(source),
+                "outcome": "rejected:unknown_source",
+                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
+        return problem(404, f"no source named {loggable(source)!r} is configured")
     settings = state.settings
     try:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
@@ -308,6 +318,18 @@ async def handshake(source: str, request: Request, state: StateDep) -> Response:
             405, f"source {source!r} answers no OPTIONS handshake", headers={"Allow": "POST"}
         )
     return handshake_response(answer)
+
+
+MAX_LOGGED_SOURCE = 64
+
+
+def loggable(name: str) -> str:
+    """A source name from the URL as a log field: any sender can put anything there, so
+    control and non-ASCII characters are escaped and a long one is cut."""
+    cut = name[:MAX_LOGGED_SOURCE]
+    escaped = cut.encode("ascii", "backslashreplace").decode("ascii")
+    escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped)
+    return escaped + ("..." if len(name) > MAX_LOGGED_SOURCE else "")
 
 
 def log_delivery(
