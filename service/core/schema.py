@@ -152,6 +152,11 @@ class MessageRecord(InboxTable, table=True):
         default=False,
         sa_column=Column(Boolean, nullable=False, server_default=text("false")),
     )
+    # `attempts` when the current attempt budget began: an admin retry gives a fresh budget
+    # (`max_attempts` more) but keeps the numbering going (0005).
+    budget_start: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
 
 
 class AttemptRecord(InboxTable, table=True):

@@ -68,16 +68,22 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
     return kind, message, tb
 
 
-def classify_failure(exc: BaseException, attempt: int, config: SourceConfig) -> Failure:
-    """Dead on `PermanentFailure` or the last attempt; `RetryLater`: its delay; else backoff."""
+def classify_failure(
+    exc: BaseException, attempt: int, config: SourceConfig, *, budget_start: int = 0
+) -> Failure:
+    """Dead on `PermanentFailure` or the last attempt; `RetryLater`: its delay; else backoff.
+
+    `attempt` is the message's attempt number; `budget_start` the attempts it had made when its
+    current budget began (an admin retry starts a fresh budget, not a fresh numbering)."""
     kind, message, tb = describe(exc)
+    used = attempt - budget_start
     if isinstance(exc, PermanentFailure):
         return Failure(Status.DEAD, "dead", None, kind, message, tb)
-    if attempt >= config.max_attempts:
+    if used >= config.max_attempts:
         return Failure(Status.DEAD, "dead", None, kind, message, tb)
     if isinstance(exc, RetryLater):
         return Failure(Status.RETRYING, "retry_later", exc.after_seconds, kind, message, None)
-    delay = backoff_delay(attempt, config.backoff_base_seconds, config.backoff_max_seconds)
+    delay = backoff_delay(used, config.backoff_base_seconds, config.backoff_max_seconds)
     return Failure(Status.RETRYING, "failed", delay, kind, message, tb)
 
 
@@ -88,16 +94,18 @@ def retry_failure(
     error: str,
     after: float | None,
     *,
+    budget_start: int = 0,
     abandoned: bool = False,
 ) -> Failure:
     """A retryable failure without a Python exception (a forward's 503, an attempt that never
-    finished): retried after `after` or the backoff, dead on the last attempt."""
-    if attempt >= config.max_attempts:
+    finished): retried after `after` or the backoff, dead on the budget's last attempt."""
+    used = attempt - budget_start
+    if used >= config.max_attempts:
         return Failure(Status.DEAD, "dead", None, error_type, error[:MAX_ERROR_CHARS], None)
     delay = (
         after
         if after is not None
-        else backoff_delay(attempt, config.backoff_base_seconds, config.backoff_max_seconds)
+        else backoff_delay(used, config.backoff_base_seconds, config.backoff_max_seconds)
     )
     outcome: AttemptOutcome = (
         "abandoned" if abandoned else "retry_later" if after is not None else "failed"

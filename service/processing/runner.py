@@ -186,7 +186,7 @@ async def run_handlers(
         # "rollback_only", does not touch the batch's transaction.
         savepoints.rollback()
         await session.close()
-        failure = classify_failure(exc, attempt, pipeline.config)
+        failure = classify_failure(exc, attempt, pipeline.config, budget_start=row.budget_start)
         log.warning(
             "handler failed",
             extra={

@@ -38,9 +38,10 @@ ADMIN_DISCARD = "admin_discard"
 
 BULK_BATCH_SIZE = 500
 
+# `attempts` here: those of the current budget (since accepted or last retried by an admin).
 SUMMARY_COLUMNS = """
-    id, source, message_id, event_type, status, attempts, receive_count, received_at,
-    last_received_at, next_attempt_at, processed_at, last_error
+    id, source, message_id, event_type, status, attempts - budget_start AS attempts,
+    receive_count, received_at, last_received_at, next_attempt_at, processed_at, last_error
 """
 
 
@@ -179,13 +180,15 @@ async def get_message(engine: AsyncEngine, message_id: int) -> dict[str, Any]:
 
 LOCK_MESSAGE = text("SELECT status, attempts, source FROM inbox_messages WHERE id = :id FOR UPDATE")
 
-# A fresh attempt budget: the worker claims `pending` rows whose next_attempt_at has come.
-# last_error stays as the record of why the message had failed; the history keeps the rest.
+# A fresh attempt budget: the worker claims `pending` rows whose next_attempt_at has come. The
+# budget starts at the attempts made so far, so the numbering goes on where it was (1 failed,
+# 2 failed, 3 dead, admin_retry, 4 ...). last_error stays as the record of why the message had
+# failed; the history keeps the rest.
 RESET_TO_PENDING = text(
     f"""
     UPDATE inbox_messages
-       SET status = 'pending', attempts = 0, next_attempt_at = now(), locked_until = NULL,
-           processed_at = NULL
+       SET status = 'pending', budget_start = attempts, next_attempt_at = now(),
+           locked_until = NULL, processed_at = NULL
      WHERE id = :id
     RETURNING {SUMMARY_COLUMNS}
     """  # noqa: S608
@@ -321,7 +324,7 @@ async def bulk_retry(
             ),
             moved AS (
                 UPDATE inbox_messages m
-                   SET status = 'pending', attempts = 0, next_attempt_at = now(),
+                   SET status = 'pending', budget_start = m.attempts, next_attempt_at = now(),
                        locked_until = NULL, processed_at = NULL
                   FROM picked
                  WHERE m.id = picked.id

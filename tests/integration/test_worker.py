@@ -240,7 +240,7 @@ async def test_a_hung_handler_times_out_and_is_retried_without_effect(
     finally:
         handlers.state["slow_seconds"] = 1.0
     attempts = await attempts_of(db, "hung")
-    timeout = "service.processing.runner.HandlerTimeout"
+    timeout = "HandlerTimeout"
     assert [a["error_type"] for a in attempts] == [timeout, timeout]
     assert "handler_timeout_seconds" in attempts[0]["error"]
     assert await db.fetchval("SELECT count(*) FROM effects") == 0

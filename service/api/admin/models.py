@@ -110,7 +110,8 @@ class MessageSummary(BaseModel):
     event_type: str | None = Field(description="The event type, when the source names one.")
     status: Status = Field(description="Where the message is in processing.")
     attempt_count: int = Field(
-        description="Processing attempts used since the message was accepted or last retried."
+        description="Processing attempts used of its current budget: since the message was "
+        "accepted or last retried (the history's attempt numbers go on across retries)."
     )
     receive_count: int = Field(description="Deliveries received: 1, plus one per duplicate.")
     received_at: datetime = Field(description="When the first delivery was recorded.")
@@ -135,8 +136,9 @@ class Attempt(BaseModel):
     """One entry of a message's history: a processing attempt, or an admin action."""
 
     attempt: int = Field(
-        description="The attempt's number (1-based); for an admin action, the attempts the "
-        "message had used when it was taken."
+        description="The attempt's number (1-based, counting on across admin retries: 1, 2, "
+        "3, admin_retry, 4); for an admin action, the attempts the message had made when it "
+        "was taken."
     )
     started_at: datetime = Field(description="When the attempt (or action) started.")
     finished_at: datetime | None = Field(description="When it finished; null while running.")
