@@ -96,6 +96,11 @@ async def test_event_type_filter_is_a_glob_like_the_sources_file(
         refused = await client.get(
             "/admin/messages", params={"event_type": "charge.[cr]*"}, headers=AUTH
         )
+        spec = (await client.get("/openapi.json")).json()
+    parameters = spec["paths"]["/admin/messages"]["get"]["parameters"]
+    documented = next(p for p in parameters if p["name"] == "event_type")
+    assert "glob" in documented["description"]
+    assert "charge.*" in documented["description"]
     assert refused.status_code == 422
     assert refused.headers["content-type"] == "application/problem+json"
     assert "character sets" in refused.json()["detail"]
