@@ -66,7 +66,7 @@ class Settings(BaseSettings):
         return value or None
 
 
-def config_path(*parts: str | int) -> str:
+def error_path(*parts: str | int) -> str:
     """`sources.x`, `handlers`, 0, `target` as `sources.x.handlers[0].target`."""
     path = ""
     for part in parts:
@@ -83,7 +83,7 @@ def format_validation_error(prefix: str, err: ValidationError) -> str:
     List positions are written `[i]`, as everywhere else a config error names a list entry.
     """
     first = err.errors()[0]
-    loc = config_path(prefix, *first["loc"])
+    loc = error_path(prefix, *first["loc"])
     message = first["msg"]
     if first["type"] == "extra_forbidden":
         message = "unknown key"

@@ -136,8 +136,15 @@ async def test_bad_listing_input_is_a_problem(client_for: AppFactory) -> None:
             assert response.status_code == 422, params
             assert response.headers["content-type"] == "application/problem+json"
             assert response.json()["status"] == 422
+        listed = await client.get(
+            "/admin/messages", params={"status": ["dead", "lost"]}, headers=AUTH
+        )
+        bulk = await client.post("/admin/messages/retry", json={"status": ["lost"]}, headers=AUTH)
         ok = await client.get("/admin/messages", params={"limit": 500}, headers=AUTH)
     assert ok.status_code == 200
+    # A list entry is named as in config errors: `[i]`.
+    assert listed.json()["detail"].startswith("query.status[1]: ")
+    assert bulk.json()["detail"].startswith("body.status[0]: ")
 
 
 async def test_paging_by_7_over_30_with_an_insert_between_pages(
