@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from standardwebhooks.webhooks import Webhook
 
 from service.core.settings import ConfigError
-from service.sources import signing
+from service.sources import signing, standard_webhooks
 from service.sources.config_file import parse_inbox_config
 from service.sources.standard_webhooks import decode_secret, sign
 from tests.senders.standard_webhooks import BODY, CONFIG, NEW_SECRET, OLD_SECRET, signed_request
@@ -173,6 +173,26 @@ async def test_v1_and_v1a_in_one_header_either_verifies_as_the_spec_says() -> No
     assert refusal.status == 401
     refusal = await refusal_of(source, V1A_BODY, v1a_request("v2,abc"))
     assert "no v1 or v1a signature" in refusal.detail
+
+
+@pytest.mark.usefixtures("at_the_vector_time")
+async def test_only_the_first_v1a_signatures_are_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = {"kind": "standard-webhooks", "public_keys": [public_key_of(V1A_SEED)]}
+    source = source_of({"sources": {"pk": config}}, "pk")
+    verified = []
+    real = standard_webhooks._ed25519_verifies
+    monkeypatch.setattr(
+        standard_webhooks,
+        "_ed25519_verifies",
+        lambda *args: verified.append(1) or real(*args),
+    )
+    wrong = "v1a," + base64.b64encode(b"\x01" * 64).decode()
+    flood = " ".join([wrong] * 500 + [V1A_EXPECTED])
+    refusal = await refusal_of(source, V1A_BODY, v1a_request(flood))
+    assert refusal.status == 401
+    assert len(verified) == standard_webhooks.MAX_V1A_SIGNATURES
+    first = " ".join([wrong] * (standard_webhooks.MAX_V1A_SIGNATURES - 1) + [V1A_EXPECTED])
+    assert (await messages_of(source, V1A_BODY, v1a_request(first))).items
 
 
 @pytest.mark.parametrize(
