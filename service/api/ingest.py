@@ -57,6 +57,15 @@ class BatchAccepted(BaseModel):
     results: list[BatchResult] = Field(description="One entry per event, in the batch's order.")
 
 
+class DaprAnswer(BaseModel):
+    status: str = Field(
+        description="A `dapr` source's answer to its sidecar: `SUCCESS` (recorded, or a "
+        "duplicate), `DROP` (can never be recorded: do not redeliver) or `RETRY`."
+    )
+    message_id: str | None = Field(default=None, description="The recorded message's id.")
+    detail: str | None = Field(default=None, description="Why a delivery was dropped.")
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -128,7 +137,7 @@ id of at most {MAX_MESSAGE_ID_LENGTH} printable characters, an event type of at 
     "/webhooks/{source}",
     summary="Receive a delivery",
     description=INGEST_DESCRIPTION,
-    response_model=Accepted | BatchAccepted,
+    response_model=Accepted | BatchAccepted | DaprAnswer,
     responses={
         **problem_responses(400, 401, 404, 408, 413, 415, 431, 500, 503),
     },
