@@ -1,9 +1,17 @@
 # webhook-inbox: the service image. Build: docker build -t webhook-inbox .
-# Runs against DATABASE_URL (see docker-compose.yml); the embedded PostgreSQL is for laptops.
+# Runs against DATABASE_URL (see docker-compose.yml): the embedded PostgreSQL (the `embedded`
+# extra) is for laptops and is not installed here.
+#
+# Your handlers: the working directory /app is importable, so a package copied or mounted at
+# /app/myapp is `handlers = ["myapp.orders:on_order"]`. Either build on this image:
+#     FROM webhook-inbox
+#     COPY --chown=10001:10001 myapp /app/myapp
+# or mount it read-only (docker-compose.yml shows the line). docs/operating.md has both.
 FROM python:3.12-slim AS build
 
 ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
-RUN pip install --no-cache-dir uv
+# uv pinned: the build gives the same environment from uv.lock every time.
+RUN pip install --no-cache-dir uv==0.13.9
 WORKDIR /app
 # Dependencies first, so a code change does not reinstall them.
 COPY pyproject.toml uv.lock README.md ./
@@ -14,7 +22,9 @@ COPY alembic.ini ./
 RUN uv sync --frozen --no-dev
 
 FROM python:3.12-slim
-RUN groupadd --system inbox && useradd --system --gid inbox --home-dir /app inbox
+# A fixed numeric id, so that `USER` needs no passwd lookup and mounted files can be owned by it.
+RUN groupadd --system --gid 10001 inbox \
+    && useradd --system --uid 10001 --gid inbox --home-dir /app inbox
 WORKDIR /app
 COPY --from=build --chown=inbox:inbox /app /app
 ENV PATH="/app/.venv/bin:$PATH" \
@@ -24,8 +34,9 @@ ENV PATH="/app/.venv/bin:$PATH" \
     INBOX_DATA_DIR=/app/data \
     INBOX_CONFIG=/app/config/inbox.toml
 RUN mkdir -p /app/data /app/config && chown inbox:inbox /app/data /app/config
-USER inbox
+USER 10001:10001
 EXPOSE 8000
+# No curl in a slim image: Python asks /healthz.
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 CMD ["webhook-inbox", "serve", "--host", "0.0.0.0"]

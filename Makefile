@@ -17,16 +17,22 @@ DEMO_WEBHOOK_SECRET ?= demo-local-secret
 INBOX_LOG_FORMAT ?= text
 export INBOX_CONFIG DEMO_WEBHOOK_SECRET INBOX_LOG_FORMAT
 
-.PHONY: run test lint typecheck pytest migrate clean
+.PHONY: run test lint image-lint typecheck pytest migrate clean
 
 run: $(VENV)/.synced
 	$(BIN)/webhook-inbox serve
 
-test: lint typecheck pytest
+test: lint image-lint typecheck pytest
 
 lint: $(VENV)/.synced
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The Dockerfile and compose file, checked without a container engine: hadolint, and compose's
+# own JSON schema (vendored in check-jsonschema).
+image-lint: $(VENV)/.synced
+	$(BIN)/hadolint Dockerfile
+	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 
 typecheck: $(VENV)/.synced
 	$(BIN)/mypy --strict service
@@ -46,7 +52,7 @@ $(CHROMIUM):
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
-	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --python $(PYTHON)
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --extra embedded --python $(PYTHON)
 	touch $@
 
 clean:

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from service.api import admin, console, health, ingest, metrics
+from service.api import admin, console, docs, health, ingest, metrics
 from service.api.admin.cursor import cursor_key
 from service.api.problems import install_problem_handlers, unavailable
 from service.api.request_id import RequestIdMiddleware
@@ -91,6 +91,8 @@ def create_app(
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # served offline by service.api.docs instead of from a CDN
+        redoc_url=None,
     )
     install_problem_handlers(app)
     app.add_middleware(RequestIdMiddleware)
@@ -104,6 +106,7 @@ def create_app(
     app.include_router(metrics.router)
     app.include_router(admin.router)
     console.install(app)
+    docs.install(app)
     return app
 
 

@@ -58,6 +58,15 @@ class BatchAccepted(BaseModel):
     results: list[BatchResult] = Field(description="One entry per event, in the batch's order.")
 
 
+class DaprAnswer(BaseModel):
+    status: str = Field(
+        description="A `dapr` source's answer to its sidecar: `SUCCESS` (recorded, or a "
+        "duplicate), `DROP` (can never be recorded: do not redeliver) or `RETRY`."
+    )
+    message_id: str | None = Field(default=None, description="The recorded message's id.")
+    detail: str | None = Field(default=None, description="Why a delivery was dropped.")
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -129,7 +138,7 @@ id of at most {MAX_MESSAGE_ID_LENGTH} printable characters, an event type of at 
     "/webhooks/{source}",
     summary="Receive a delivery",
     description=INGEST_DESCRIPTION,
-    response_model=Accepted | BatchAccepted,
+    response_model=Accepted | BatchAccepted | DaprAnswer,
     responses={
         **problem_responses(400, 401, 404, 408, 413, 415, 431, 500, 503),
     },
@@ -209,7 +218,17 @@ async def handle_delivery(
     configured = state.inbox.sources.get(source)
     if configured is None:
         metrics.delivery(UNKNOWN_SOURCE, "rejected", "unknown_source")
-        return problem(404, f"no source named {source!r} is configured")
+        # Logged like every other delivery's outcome: a sender pointed at a mistyped source
+        # is otherwise invisible to the operator.
+        log.info(
+            "delivery",
+            extra={
+                "source": loggable(source),
+                "outcome": "rejected:unknown_source",
+                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
+        return problem(404, f"no source named {loggable(source)!r} is configured")
     settings = state.settings
     try:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
@@ -316,6 +335,18 @@ async def handshake(source: str, request: Request, state: StateDep) -> Response:
             405, f"source {source!r} answers no OPTIONS handshake", headers={"Allow": "POST"}
         )
     return handshake_response(answer)
+
+
+MAX_LOGGED_SOURCE = 64
+
+
+def loggable(name: str) -> str:
+    """A source name from the URL as a log field: any sender can put anything there, so
+    control and non-ASCII characters are escaped and a long one is cut."""
+    cut = name[:MAX_LOGGED_SOURCE]
+    escaped = cut.encode("ascii", "backslashreplace").decode("ascii")
+    escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped)
+    return escaped + ("..." if len(name) > MAX_LOGGED_SOURCE else "")
 
 
 def log_delivery(

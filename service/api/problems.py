@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from service.core.settings import error_path
+
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 RETRY_AFTER_SECONDS = 5
 
@@ -76,8 +78,11 @@ def install_problem_handlers(app: FastAPI) -> None:
         errors = exc.errors()
         parts = []
         for err in errors[:3]:
-            where = ".".join(str(p) for p in err.get("loc", ()))
-            parts.append(f"{where}: {err.get('msg', 'invalid')}")
+            # Written as config errors are: `body.status[1]`, the reason without pydantic's
+            # "Value error, " prefix.
+            where = error_path(*err.get("loc", ()))
+            message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            parts.append(f"{where}: {message}")
         return problem(422, "; ".join(parts) or "invalid request")
 
     async def on_problem(request: Request, exc: Exception) -> Response:

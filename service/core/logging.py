@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
+
+import pythonjsonlogger.json
 
 # The request being served (set by the HTTP layer's middleware); stamped on every log line.
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
@@ -47,23 +48,33 @@ def _fields(record: logging.LogRecord, keep_none: bool = False) -> dict[str, Any
     }
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; a field passed as None stays, as null, so an event's keys
-    are the same every time (a rejected delivery has `"message_id": null`)."""
+class JsonFormatter(pythonjsonlogger.json.JsonFormatter):
+    """One JSON object per line (python-json-logger): `ts`, `level`, `logger`, `event`, `pid`,
+    then the `extra=` fields. A field passed as None stays, as null, so an event's keys are
+    the same every time (a rejected delivery has `"message_id": null`)."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        event: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "event": record.getMessage(),
+    def __init__(self) -> None:
+        super().__init__(
             # Under `serve`, which process said it: its pid, and `role` among the fields.
-            "pid": record.process,
-            **_fields(record, keep_none=True),
-        }
-        if record.exc_info:
-            event["exc"] = self.formatException(record.exc_info)
-        return json.dumps(event, default=str)
+            "{name}{message}{process}",
+            style="{",
+            rename_fields={
+                "name": "logger",
+                "message": "event",
+                "process": "pid",
+                "exc_info": "exc",
+            },
+            reserved_attrs=sorted(_STANDARD),
+        )
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        log_data["ts"] = datetime.fromtimestamp(record.created, UTC).isoformat(
+            timespec="milliseconds"
+        )
+        log_data["level"] = record.levelname.lower()
+        super().add_fields(log_data, record, message_dict)
 
 
 class TextFormatter(logging.Formatter):

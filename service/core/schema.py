@@ -157,6 +157,11 @@ class MessageRecord(InboxTable, table=True):
     )
     # The W3C trace context of the delivery's span, for the attempts' spans to continue (0004).
     trace_context: dict[str, str] | None = Field(default=None, sa_column=Column(JSONB))
+    # `attempts` when the current attempt budget began: an admin retry gives a fresh budget
+    # (`max_attempts` more) but keeps the numbering going (0005).
+    budget_start: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
 
 
 class AttemptRecord(InboxTable, table=True):

@@ -66,10 +66,24 @@ class Settings(BaseSettings):
         return value or None
 
 
+def error_path(*parts: str | int) -> str:
+    """`sources.x`, `handlers`, 0, `target` as `sources.x.handlers[0].target`."""
+    path = ""
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part != "":
+            path += f".{part}" if path else part
+    return path
+
+
 def format_validation_error(prefix: str, err: ValidationError) -> str:
-    """The first error of `err` as `prefix.field: message`, the one line a user needs."""
+    """The first error of `err` as `prefix.field[0].key: message`, the one line a user needs.
+
+    List positions are written `[i]`, as everywhere else a config error names a list entry.
+    """
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
+    loc = error_path(prefix, *first["loc"])
     message = first["msg"]
     if first["type"] == "extra_forbidden":
         message = "unknown key"

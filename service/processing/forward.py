@@ -67,7 +67,7 @@ def forward_headers(row: MessageRow, attempt: int) -> dict[str, str]:
 
 
 def classify_response(
-    response: httpx.Response, attempt: int, config: SourceConfig
+    response: httpx.Response, attempt: int, config: SourceConfig, budget_start: int = 0
 ) -> Failure | None:
     """None for 2xx; a retry for 408/425/429/5xx (and 1xx/3xx); dead for any other 4xx."""
     status = response.status_code
@@ -78,7 +78,7 @@ def classify_response(
     if 400 <= status < 500 and status not in RETRYABLE_STATUSES:
         return dead_failure("ForwardRejected", error)
     after = parse_retry_after(response.headers.get("retry-after"))
-    return retry_failure(attempt, config, "ForwardFailed", error, after)
+    return retry_failure(attempt, config, "ForwardFailed", error, after, budget_start=budget_start)
 
 
 async def forward_message(
@@ -95,7 +95,7 @@ async def forward_message(
             response = await client.post(
                 config.forward.url, content=row.body, headers=forward_headers(row, attempt)
             )
-        failure = classify_response(response, attempt, config)
+        failure = classify_response(response, attempt, config, row.budget_start)
     except (TimeoutError, httpx.TimeoutException):
         failure = retry_failure(
             attempt,
@@ -103,10 +103,16 @@ async def forward_message(
             "ForwardTimeout",
             f"no answer within {config.forward.timeout_seconds:g}s",
             None,
+            budget_start=row.budget_start,
         )
     except httpx.HTTPError as exc:
         failure = retry_failure(
-            attempt, config, "ForwardConnectionError", f"{type(exc).__name__}: {exc}", None
+            attempt,
+            config,
+            "ForwardConnectionError",
+            f"{type(exc).__name__}: {exc}",
+            None,
+            budget_start=row.budget_start,
         )
     finished = datetime.now(UTC)
     if failure is None:

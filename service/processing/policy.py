@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Literal
 
 from service.core.schema import Status
+from service.processing import handler_api
 from service.processing.handler_api import PermanentFailure, RetryLater
 from service.sources.config import SourceConfig
 from service.store.claims import AttemptResult
@@ -45,27 +46,44 @@ class Failure:
     traceback: str | None
 
 
+def public_name(cls: type[BaseException]) -> str:
+    """The name a reader of `last_error` knows `cls` by: the handler API's exceptions as the
+    `service` package exports them (`service.PermanentFailure`), the inbox's other exceptions
+    by their class name, never an internal module path; anyone else's with its module."""
+    name, module = cls.__qualname__, cls.__module__
+    if module in ("builtins", "__main__"):
+        return name
+    if module == handler_api.__name__:
+        return f"service.{name}"
+    if module == "service" or module.startswith("service."):
+        return name
+    return f"{module}.{name}"
+
+
 def describe(exc: BaseException) -> tuple[str, str, str]:
     """Type name, bounded message and bounded traceback (its innermost end) of `exc`."""
-    kind = type(exc).__qualname__
-    module = type(exc).__module__
-    if module not in ("builtins", "__main__"):
-        kind = f"{module}.{kind}"
+    kind = public_name(type(exc))
     message = str(exc)[:MAX_ERROR_CHARS]
     tb = "".join(traceback.format_exception(exc, limit=30))[-MAX_TRACEBACK_CHARS:]
     return kind, message, tb
 
 
-def classify_failure(exc: BaseException, attempt: int, config: SourceConfig) -> Failure:
-    """Dead on `PermanentFailure` or the last attempt; `RetryLater`: its delay; else backoff."""
+def classify_failure(
+    exc: BaseException, attempt: int, config: SourceConfig, *, budget_start: int = 0
+) -> Failure:
+    """Dead on `PermanentFailure` or the last attempt; `RetryLater`: its delay; else backoff.
+
+    `attempt` is the message's attempt number; `budget_start` the attempts it had made when its
+    current budget began (an admin retry starts a fresh budget, not a fresh numbering)."""
     kind, message, tb = describe(exc)
+    used = attempt - budget_start
     if isinstance(exc, PermanentFailure):
         return Failure(Status.DEAD, "dead", None, kind, message, tb)
-    if attempt >= config.max_attempts:
+    if used >= config.max_attempts:
         return Failure(Status.DEAD, "dead", None, kind, message, tb)
     if isinstance(exc, RetryLater):
         return Failure(Status.RETRYING, "retry_later", exc.after_seconds, kind, message, None)
-    delay = backoff_delay(attempt, config.backoff_base_seconds, config.backoff_max_seconds)
+    delay = backoff_delay(used, config.backoff_base_seconds, config.backoff_max_seconds)
     return Failure(Status.RETRYING, "failed", delay, kind, message, tb)
 
 
@@ -76,16 +94,18 @@ def retry_failure(
     error: str,
     after: float | None,
     *,
+    budget_start: int = 0,
     abandoned: bool = False,
 ) -> Failure:
     """A retryable failure without a Python exception (a forward's 503, an attempt that never
-    finished): retried after `after` or the backoff, dead on the last attempt."""
-    if attempt >= config.max_attempts:
+    finished): retried after `after` or the backoff, dead on the budget's last attempt."""
+    used = attempt - budget_start
+    if used >= config.max_attempts:
         return Failure(Status.DEAD, "dead", None, error_type, error[:MAX_ERROR_CHARS], None)
     delay = (
         after
         if after is not None
-        else backoff_delay(attempt, config.backoff_base_seconds, config.backoff_max_seconds)
+        else backoff_delay(used, config.backoff_base_seconds, config.backoff_max_seconds)
     )
     outcome: AttemptOutcome = (
         "abandoned" if abandoned else "retry_later" if after is not None else "failed"

@@ -200,7 +200,7 @@ async def run_handlers(
         if isolated:
             savepoints.rollback()
         await session.close()
-        failure = classify_failure(exc, attempt, pipeline.config)
+        failure = classify_failure(exc, attempt, pipeline.config, budget_start=row.budget_start)
         log.warning(
             "handler failed",
             extra={

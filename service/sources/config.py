@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -42,13 +43,29 @@ def resolve_secret(value: Any) -> Any:
 
 Secret = Annotated[SecretStr, BeforeValidator(resolve_secret)]
 
+_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def check_target(value: str) -> str:
+    """A handler is named `module:function`; say so in those words when it is not."""
+    if _TARGET.fullmatch(value):
+        return value
+    module, dot, function = value.rpartition(".")
+    hint = f" (did you mean {module}:{function}?)" if dot and ":" not in value else ""
+    raise ValueError(
+        f"write a handler as module:function, as in myapp.billing:on_payment, not {value!r}{hint}"
+    )
+
+
+HandlerTarget = Annotated[str, AfterValidator(check_target)]
+
 
 class HandlerSpec(BaseModel):
     """One `[[sources.X.handler]]` entry: a `module:function` for the event types it matches."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    target: str = Field(pattern=r"^[\w.]+:[\w]+$")
+    target: HandlerTarget
     event_types: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
 
 
@@ -77,7 +94,7 @@ class SourceConfig(BaseModel):
     handler_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     backoff_base_seconds: float = Field(default=2.0, gt=0, le=86_400)
     backoff_max_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)
-    handlers: list[Annotated[str, Field(pattern=r"^[\w.]+:[\w]+$")]] = Field(default_factory=list)
+    handlers: list[HandlerTarget] = Field(default_factory=list)
     handler: list[HandlerSpec] = Field(default_factory=list)
     forward: ForwardConfig | None = None
 

@@ -1,4 +1,5 @@
-"""Standard Webhooks (and Svix): `v1,` base64 HMAC-SHA256 of `id.timestamp.body`, `whsec_` keys."""
+"""Standard Webhooks (and Svix): `v1,` base64 HMAC-SHA256 of `id.timestamp.body` with `whsec_`
+secrets, and `v1a,` base64 ed25519 signatures of the same bytes with `whpk_` public keys."""
 
 from __future__ import annotations
 
@@ -7,11 +8,20 @@ import binascii
 import hashlib
 import hmac
 import json
-import time
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import SecretStr, field_validator, model_validator
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
+from service.sources import signing
 from service.sources.base import (
     Message,
     Messages,
@@ -21,11 +31,14 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
-from service.sources.config import SourceConfig
+from service.sources.config import SourceConfig, resolve_secret
 from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import require_match
 
 SECRET_PREFIX = "whsec_"
+PUBLIC_KEY_PREFIX = "whpk_"
+# The `v1a` entries of one header that are checked, in order; the rest are passed over.
+MAX_V1A_SIGNATURES = 4
 
 
 def decode_secret(secret: str) -> bytes:
@@ -40,9 +53,32 @@ def decode_secret(secret: str) -> bytes:
     return key
 
 
+def decode_public_key(key: str) -> Ed25519PublicKey:
+    """The ed25519 key of a `whpk_<base64>` public key (the prefix is optional)."""
+    try:
+        raw = base64.b64decode(key.removeprefix(PUBLIC_KEY_PREFIX), validate=True)
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except (binascii.Error, ValueError):
+        raise ValueError(
+            "public key is not whpk_ followed by the base64 of a 32-byte ed25519 key"
+        ) from None
+
+
+def _checked_public_key(key: str) -> str:
+    decode_public_key(key)
+    return key
+
+
+# Not secret, but `env:NAME` reads one from the environment as for secrets.
+PublicKey = Annotated[str, BeforeValidator(resolve_secret), AfterValidator(_checked_public_key)]
+
+
+def signed_content(msg_id: str, timestamp: int, body: bytes) -> bytes:
+    return f"{msg_id}.{timestamp}.".encode() + body
+
+
 def _digest(key: bytes, msg_id: str, timestamp: int, body: bytes) -> bytes:
-    to_sign = f"{msg_id}.{timestamp}.".encode() + body
-    return hmac.new(key, to_sign, hashlib.sha256).digest()
+    return hmac.new(key, signed_content(msg_id, timestamp, body), hashlib.sha256).digest()
 
 
 def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -57,7 +93,18 @@ def _b64_or_empty(text: str) -> bytes:
         return b""
 
 
+def _ed25519_verifies(key: Ed25519PublicKey, signature: bytes, content: bytes) -> bool:
+    try:
+        key.verify(signature, content)
+    except InvalidSignature:
+        return False
+    return True
+
+
 class StandardWebhooksConfig(SourceConfig):
+    # `v1a` (asymmetric) senders: their public keys; several = key rotation, any verifies.
+    public_keys: list[PublicKey] = Field(default_factory=list)
+
     @field_validator("secrets")
     @classmethod
     def _secrets_decode(cls, value: list[SecretStr]) -> list[SecretStr]:
@@ -66,9 +113,12 @@ class StandardWebhooksConfig(SourceConfig):
         return value
 
     @model_validator(mode="after")
-    def _has_secret(self) -> StandardWebhooksConfig:
-        if not self.secrets:
-            raise ValueError("standard-webhooks needs at least one secret (whsec_...)")
+    def _has_key(self) -> StandardWebhooksConfig:
+        if not self.secrets and not self.public_keys:
+            raise ValueError(
+                "standard-webhooks needs at least one secret (whsec_..., for v1 signatures) "
+                "or public key (public_keys, whpk_..., for v1a)"
+            )
         return self
 
 
@@ -85,7 +135,11 @@ class StandardWebhooksSource(Source[SourceConfig]):
 
     def __init__(self, name: str, config: SourceConfig) -> None:
         super().__init__(name, config)
+        assert isinstance(config, StandardWebhooksConfig)
         self.keys = [decode_secret(s.get_secret_value()) for s in config.secrets]
+        self.public_keys = [decode_public_key(k) for k in config.public_keys]
+        # The signature versions this source can check: `v1` with secrets, `v1a` with keys.
+        self.versions = ("v1",) * bool(self.keys) + ("v1a",) * bool(self.public_keys)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         msg_id = _header(delivery, "id")
@@ -101,21 +155,13 @@ class StandardWebhooksSource(Source[SourceConfig]):
             timestamp = int(timestamp_text)
         except ValueError:
             raise Unauthenticated("webhook-timestamp is not an integer") from None
-        skew = time.time() - timestamp
+        skew = signing.now() - timestamp
         if skew > self.config.tolerance_seconds:
             raise Unauthenticated("webhook-timestamp is too old (outside tolerance)")
         if -skew > self.config.tolerance_seconds:
             raise Unauthenticated("webhook-timestamp is in the future (outside tolerance)")
 
-        offered = [
-            _b64_or_empty(sig.split(",", 1)[1])
-            for sig in signature_header.split(" ")
-            if sig.startswith("v1,")  # other versions (v1a: ed25519) are not ours to check
-        ]
-        if not offered:
-            raise Unauthenticated("webhook-signature has no v1 signature")
-        expected = [_digest(key, msg_id, timestamp, delivery.body) for key in self.keys]
-        require_match(expected, offered, "no webhook-signature matches a configured secret")
+        self._check_signatures(signature_header, msg_id, timestamp, delivery.body)
 
         require_json_media_type(delivery)
         message_id = checked_message_id(msg_id, "the webhook-id header")
@@ -125,14 +171,43 @@ class StandardWebhooksSource(Source[SourceConfig]):
             [Message(message_id, checked_event_type(event_type, "the JSON field type"))]
         )
 
+    def _check_signatures(self, header: str, msg_id: str, timestamp: int, body: bytes) -> None:
+        """401 unless one of the header's space-separated `version,signature` entries verifies
+        with a configured key; versions this source has no key for are passed over (spec)."""
+        offered: dict[str, list[bytes]] = {version: [] for version in self.versions}
+        for entry in header.split(" "):
+            version, comma, signature = entry.partition(",")
+            if comma and version in offered:
+                offered[version].append(_b64_or_empty(signature))
+        if not any(offered.values()):
+            raise Unauthenticated(
+                f"webhook-signature has no {' or '.join(self.versions)} signature"
+            )
+        content = signed_content(msg_id, timestamp, body)
+        # Each one costs an ed25519 verification, before anything is authenticated: a header
+        # full of them must not buy a stranger that much CPU. Senders offer one or two.
+        ed25519_signatures = [s for s in offered.get("v1a", []) if len(s) == 64]
+        if any(
+            _ed25519_verifies(key, signature, content)
+            for key in self.public_keys
+            for signature in ed25519_signatures[:MAX_V1A_SIGNATURES]
+        ):
+            return
+        expected = [_digest(key, msg_id, timestamp, body) for key in self.keys]
+        require_match(
+            expected, offered.get("v1", []), "no webhook-signature matches a configured key"
+        )
+
     def example_curl(self, base_url: str) -> str | None:
+        if not self.keys:
+            return None  # a v1a source: only the sender's private key can sign
         body = json.dumps({"type": "demo.created", "data": {"hello": "world"}}).encode()
-        msg_id, now = "msg_demo_1", int(time.time())
-        signature = sign(self.keys[0], msg_id, now, body)
+        msg_id, at = "msg_demo_1", int(signing.now())
+        signature = sign(self.keys[0], msg_id, at, body)
         return (
             f"curl -sS -X POST {base_url}/webhooks/{self.name} "
             "-H 'content-type: application/json' "
-            f"-H 'webhook-id: {msg_id}' -H 'webhook-timestamp: {now}' "
+            f"-H 'webhook-id: {msg_id}' -H 'webhook-timestamp: {at}' "
             f"-H 'webhook-signature: {signature}' "
             f"--data '{body.decode()}'"
         )

@@ -38,9 +38,10 @@ ADMIN_DISCARD = "admin_discard"
 
 BULK_BATCH_SIZE = 500
 
+# `attempts` here: those of the current budget (since accepted or last retried by an admin).
 SUMMARY_COLUMNS = """
-    id, source, message_id, event_type, status, attempts, receive_count, received_at,
-    last_received_at, next_attempt_at, processed_at, last_error
+    id, source, message_id, event_type, status, attempts - budget_start AS attempts,
+    receive_count, received_at, last_received_at, next_attempt_at, processed_at, last_error
 """
 
 
@@ -65,6 +66,16 @@ LAST_ERROR_TYPE = """
      WHERE a.message_id = inbox_messages.id AND a.error_type IS NOT NULL
      ORDER BY a.id DESC LIMIT 1
 """
+
+
+def glob_like(pattern: str) -> str | None:
+    """The glob `pattern` (`*` any run of characters, `?` one, as the sources file's
+    `event_types`) as a LIKE pattern, or None when it has no wildcard. LIKE's own `%`, `_`
+    and its escape character `\\` are escaped, so they match only themselves."""
+    if "*" not in pattern and "?" not in pattern:
+        return None
+    escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped.replace("*", "%").replace("?", "_")
 
 
 @dataclass(frozen=True)
@@ -94,8 +105,14 @@ class MessageFilter:
                 # :statuses, still matches the partial status index's predicate (0003).
                 clauses.append(f"status <> '{Status.PROCESSED.value}'")
         if self.event_type is not None:
-            clauses.append("event_type = :event_type")
-            params["event_type"] = self.event_type
+            like = glob_like(self.event_type)
+            if like is None:  # no wildcard: equality, which the event_type index serves
+                clauses.append("event_type = :event_type")
+                params["event_type"] = self.event_type
+            else:
+                # A message without an event type matches `*`, as it does in the sources file.
+                clauses.append("coalesce(event_type, '') LIKE :event_type")
+                params["event_type"] = like
         if self.message_id is not None:
             clauses.append("message_id = :message_id")
             params["message_id"] = self.message_id
@@ -168,13 +185,15 @@ async def get_message(engine: AsyncEngine, message_id: int) -> dict[str, Any]:
 
 LOCK_MESSAGE = text("SELECT status, attempts, source FROM inbox_messages WHERE id = :id FOR UPDATE")
 
-# A fresh attempt budget: the worker claims `pending` rows whose next_attempt_at has come.
-# last_error stays as the record of why the message had failed; the history keeps the rest.
+# A fresh attempt budget: the worker claims `pending` rows whose next_attempt_at has come. The
+# budget starts at the attempts made so far, so the numbering goes on where it was (1 failed,
+# 2 failed, 3 dead, admin_retry, 4 ...). last_error stays as the record of why the message had
+# failed; the history keeps the rest.
 RESET_TO_PENDING = text(
     f"""
     UPDATE inbox_messages
-       SET status = 'pending', attempts = 0, next_attempt_at = now(), locked_until = NULL,
-           processed_at = NULL
+       SET status = 'pending', budget_start = attempts, next_attempt_at = now(),
+           locked_until = NULL, processed_at = NULL
      WHERE id = :id
     RETURNING {SUMMARY_COLUMNS}
     """  # noqa: S608
@@ -310,7 +329,7 @@ async def bulk_retry(
             ),
             moved AS (
                 UPDATE inbox_messages m
-                   SET status = 'pending', attempts = 0, next_attempt_at = now(),
+                   SET status = 'pending', budget_start = m.attempts, next_attempt_at = now(),
                        locked_until = NULL, processed_at = NULL
                   FROM picked
                  WHERE m.id = picked.id

@@ -19,7 +19,8 @@ from service.store.errors import translate_errors
 
 @dataclass(frozen=True)
 class MessageRow:
-    """A message as the worker (or sync ingest) runs it; `attempts` = attempts made before."""
+    """A message as the worker (or sync ingest) runs it; `attempts` = attempts made before,
+    `budget_start` = attempts made before its current attempt budget began (an admin retry)."""
 
     id: int
     source: str
@@ -31,6 +32,7 @@ class MessageRow:
     content_type: str | None
     # The delivery span's W3C trace context, for the attempt's span (None: none stored).
     trace_context: Mapping[str, str] | None = None
+    budget_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ CLAIM_DUE = text(
      WHERE m.id = due.id
        AND m.source = l.source
     RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
-              m.headers, m.body, m.content_type, m.trace_context
+              m.headers, m.body, m.content_type, m.trace_context, m.budget_start
     """
 ).columns(headers=JSONB, trace_context=JSONB)
 
@@ -206,6 +208,7 @@ async def claim_due(
             body=bytes(r.body),
             content_type=r.content_type,
             trace_context=r.trace_context,
+            budget_start=r.budget_start,
         )
         for r in rows
     ]
@@ -360,7 +363,7 @@ async def record_results(
 # several workers reaping at once split them; each is then finished as an abandoned attempt.
 EXPIRED_LEASES = text(
     """
-    SELECT id, source, attempts
+    SELECT id, source, attempts, budget_start
       FROM inbox_messages
      WHERE status = 'processing'
        AND locked_until < now()
@@ -372,12 +375,22 @@ EXPIRED_LEASES = text(
 )
 
 
+@dataclass(frozen=True)
+class ExpiredLease:
+    """A claim whose holder is gone; `attempts` counts the attempt it never finished."""
+
+    id: int
+    source: str
+    attempts: int
+    budget_start: int
+
+
 async def expired_leases(
     conn: AsyncConnection, sources: Sequence[str], limit: int
-) -> list[tuple[int, str, int]]:
-    """Lock up to `limit` expired leases: `(id, source, attempts)`."""
+) -> list[ExpiredLease]:
+    """Lock up to `limit` expired leases."""
     rows = await conn.execute(EXPIRED_LEASES, {"sources": list(sources), "limit": limit})
-    return [(r.id, r.source, r.attempts) for r in rows]
+    return [ExpiredLease(r.id, r.source, r.attempts, r.budget_start) for r in rows]
 
 
 @asynccontextmanager

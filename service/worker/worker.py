@@ -374,6 +374,7 @@ class Worker:
                     "TransactionFailed",
                     error,
                     None,
+                    budget_start=row.budget_start,
                 ),
                 now,
                 now,
@@ -437,21 +438,22 @@ class Worker:
             now = datetime.now(UTC)
             results = [
                 failed_attempt(
-                    message_id,
-                    attempts,
+                    lease.id,
+                    lease.attempts,
                     retry_failure(
-                        attempts,
-                        self.pipelines[source].config,
+                        lease.attempts,
+                        self.pipelines[lease.source].config,
                         "AttemptNeverFinished",
                         NEVER_FINISHED,
                         None,
+                        budget_start=lease.budget_start,
                         abandoned=True,
                     ),
                     now,
                     now,
                     unfinished=True,
                 )
-                for message_id, source, attempts in expired
+                for lease in expired
             ]
             await finish_attempts(conn, results, self.actor, leased=True)
         if results:

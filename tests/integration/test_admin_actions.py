@@ -57,7 +57,8 @@ async def test_retry_gives_a_fresh_budget_and_records_who(
         assert TOKEN not in response.text
         row = await db.fetchrow("SELECT * FROM inbox_messages WHERE id = $1", ids[status])
         assert row["status"] == "pending"
-        assert row["attempts"] == 0
+        # A fresh budget of max_attempts from here; the numbering goes on from 5.
+        assert (row["attempts"], row["budget_start"]) == (5, 5)
         assert row["next_attempt_at"] <= datetime.now(UTC)
         assert row["locked_until"] is None
         assert row["last_error"] == "handler failed"  # kept as the record of why it failed
@@ -113,7 +114,11 @@ async def test_replaying_a_processed_message_needs_force(
     assert forced.status_code == 200
     assert forced.json()["action"] == "admin_replay"
     row = await db.fetchrow("SELECT * FROM inbox_messages WHERE id = $1", done)
-    assert (row["status"], row["attempts"], row["processed_at"]) == ("pending", 0, None)
+    assert (row["status"], row["attempts"] - row["budget_start"], row["processed_at"]) == (
+        "pending",
+        0,
+        None,
+    )
     assert await history(db, done) == [("admin_replay", 1, FINGERPRINT)]
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import json
 from datetime import UTC, datetime, timedelta
+from fnmatch import fnmatchcase
 from typing import Any
 
 import asyncpg
 import httpx
 
+from service.store.admin import glob_like
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_attempt
 from tests.conftest import AppFactory
 
@@ -71,6 +73,53 @@ async def test_listing_is_newest_first_and_every_filter_combines(
     assert item["receive_count"] == 1
 
 
+async def test_event_type_filter_is_a_glob_like_the_sources_file(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    created = await seed(db, "m1", event_type="charge.created")
+    refunded = await seed(db, "m2", event_type="charge.refunded")
+    other = await seed(db, "m3", event_type="chargeXcreated")
+    percent = await seed(db, "m4", event_type="100%_off")
+    untyped = await seed(db, "m5")
+    newest_first = [untyped, percent, other, refunded, created]
+    async with admin_client(client_for) as client:
+        assert await list_ids(client, event_type="charge.*") == [refunded, created]
+        assert await list_ids(client, event_type="charge?created") == [other, created]
+        assert await list_ids(client, event_type="charge.refund?d") == [refunded]
+        assert await list_ids(client, event_type="*") == newest_first
+        # LIKE's own wildcards match only themselves.
+        assert await list_ids(client, event_type="%") == []
+        assert await list_ids(client, event_type="charge_created") == []
+        assert await list_ids(client, event_type="*%_*") == [percent]
+        assert await list_ids(client, event_type="100%_off") == [percent]
+        assert await list_ids(client, "/admin/dead-letters", event_type="charge.*") == []
+        refused = await client.get(
+            "/admin/messages", params={"event_type": "charge.[cr]*"}, headers=AUTH
+        )
+        spec = (await client.get("/openapi.json")).json()
+    parameters = spec["paths"]["/admin/messages"]["get"]["parameters"]
+    documented = next(p for p in parameters if p["name"] == "event_type")
+    assert "glob" in documented["description"]
+    assert "charge.*" in documented["description"]
+    assert refused.status_code == 422
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert "character sets" in refused.json()["detail"]
+
+
+async def test_event_type_glob_matches_in_sql_as_fnmatch_does(db: asyncpg.Connection) -> None:
+    """The LIKE pattern agrees with the sources file's fnmatchcase on every pair tried."""
+    names = ["", "a", "a.b", "a%b", "a_b", "a\\b", "ab", "%", "_", "\\", "a.b.c", "ba"]
+    globs = ["*", "a*", "a?b", "a%b", "a_b", "a\\b", "*\\*", "?", "*.*", "%", "_*", "a*b"]
+    for glob in globs:
+        like = glob_like(glob)
+        for name in names:
+            if like is None:
+                matched = name == glob
+            else:
+                matched = await db.fetchval("SELECT $1::text LIKE $2::text", name, like)
+            assert matched == fnmatchcase(name, glob), (name, glob, like)
+
+
 async def test_bad_listing_input_is_a_problem(client_for: AppFactory) -> None:
     bad = [
         {"limit": 0},
@@ -87,8 +136,15 @@ async def test_bad_listing_input_is_a_problem(client_for: AppFactory) -> None:
             assert response.status_code == 422, params
             assert response.headers["content-type"] == "application/problem+json"
             assert response.json()["status"] == 422
+        listed = await client.get(
+            "/admin/messages", params={"status": ["dead", "lost"]}, headers=AUTH
+        )
+        bulk = await client.post("/admin/messages/retry", json={"status": ["lost"]}, headers=AUTH)
         ok = await client.get("/admin/messages", params={"limit": 500}, headers=AUTH)
     assert ok.status_code == 200
+    # A list entry is named as in config errors: `[i]`.
+    assert listed.json()["detail"].startswith("query.status[1]: ")
+    assert bulk.json()["detail"].startswith("body.status[0]: ")
 
 
 async def test_paging_by_7_over_30_with_an_insert_between_pages(

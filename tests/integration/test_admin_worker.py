@@ -54,6 +54,41 @@ async def test_a_dead_letter_retried_after_its_cause_is_fixed_ends_processed(
     assert stats["admin_actions_last_hour"] == 1
 
 
+async def test_attempt_numbers_go_on_across_admin_retries_while_the_budget_resets(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    handlers.state["sync_fail"] = True
+    app_config = config("tests.handlers:sync_switch", max_attempts=2)
+    async with client_for(
+        app_config, run_worker=True, admin_tokens=[TOKEN], **WORKER_SETTINGS
+    ) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m"))
+        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+        row_id = await db.fetchval("SELECT id FROM inbox_messages")
+        # A second budget of two attempts, still failing: dead again after attempt 4, not 2.
+        assert (await client.post(f"/admin/messages/{row_id}/retry", headers=AUTH)).is_success
+        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+        listed = (await client.get("/admin/dead-letters", headers=AUTH)).json()["items"]
+        handlers.state["sync_fail"] = False
+        assert (await client.post(f"/admin/messages/{row_id}/retry", headers=AUTH)).is_success
+        await wait_until(db, "SELECT status FROM inbox_messages", "processed")
+        detail = (await client.get(f"/admin/messages/{row_id}", headers=AUTH)).json()
+    history = [(a["attempt"], a["outcome"]) for a in detail["attempts"]]
+    assert history == [
+        (1, "failed"),
+        (2, "dead"),
+        (2, "admin_retry"),
+        (3, "failed"),
+        (4, "dead"),
+        (4, "admin_retry"),
+        (5, "processed"),
+    ]
+    assert listed[0]["attempt_count"] == 2  # of the budget then running
+    assert detail["attempt_count"] == 1
+    assert await db.fetchval("SELECT count(*) FROM effects") == 1
+
+
 async def test_a_forced_replay_runs_the_handler_again_and_unforced_is_409(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:

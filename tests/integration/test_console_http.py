@@ -3,6 +3,7 @@ and that its actions and numbers are the admin API's."""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
 from http.cookies import SimpleCookie
@@ -463,3 +464,23 @@ def test_a_session_cookie_is_refused_when_altered_or_expired() -> None:
     assert decode_session(key, payload[:-1] + "x." + mac, 1000.0) is None
     assert decode_session(key, "not-a-cookie", 1000.0) is None
     assert new_session(None, 0).nonce != new_session(None, 0).nonce
+
+
+async def test_the_attempt_history_reads_in_order_across_a_console_retry(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    dead = await seed(db, "m-dead", status="dead", attempts=2)
+    await seed_attempt(db, dead, 1, "failed", error="boom")
+    await seed_attempt(db, dead, 2, "dead", error="boom")
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        csrf = await sign_in(client)
+        await client.post(f"/console/messages/{dead}/retry", data={"csrf_token": csrf})
+        # What the worker records for the retry's first attempt: number 3, not 1.
+        row = await db.fetchrow("SELECT attempts, budget_start FROM inbox_messages")
+        await seed_attempt(db, dead, row["attempts"] + 1, "processed")
+        page = await client.get(f"/console/messages/{dead}")
+    rows = re.findall(
+        r'<td class="num">(\d+)</td>.*?outcome-([a-z_]+)"', page.text, flags=re.DOTALL
+    )
+    assert rows == [("1", "failed"), ("2", "dead"), ("2", "admin_retry"), ("3", "processed")]
+    assert (row["attempts"], row["budget_start"]) == (2, 2)

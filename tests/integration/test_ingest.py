@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 from typing import Any
 
 import asyncpg
@@ -231,3 +232,24 @@ async def test_generic_id_fallback_hashes_the_body(
         again = await client.post("/webhooks/s", content=b"payload")
     assert first.json()["message_id"] == "sha256:" + hashlib.sha256(b"payload").hexdigest()
     assert again.json()["status"] == "duplicate"
+
+
+async def test_a_delivery_to_an_unknown_source_is_logged_with_its_name_made_safe(
+    client_for: AppFactory, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="service.ingest")
+    async with client_for(CONFIG) as client:
+        typo = await client.post("/webhooks/hook", content=b"{}")
+        hostile = await client.post("/webhooks/" + "x%0Aforged=1%1B" + "y" * 300, content=b"{}")
+    assert typo.status_code == hostile.status_code == 404
+    logged = [
+        r.__dict__ for r in caplog.records if getattr(r, "outcome", "") == "rejected:unknown_source"
+    ]
+    assert [r["source"] for r in logged][:1] == ["hook"]
+    second = logged[1]["source"]
+    assert second.startswith("x\\x0aforged=1\\x1byyy")
+    assert second.endswith("...")
+    assert len(second) < 80
+    assert second.isprintable()
+    assert all(r["msg"] == "delivery" for r in logged)
+    assert await count_rows(db) == 0

@@ -109,7 +109,7 @@ async def test_permanent_failure_is_dead_at_once(
         await wait_until(db, "SELECT status FROM inbox_messages", "dead")
     attempts = await attempts_of(db, "perm")
     assert [a["outcome"] for a in attempts] == ["dead"]
-    assert attempts[0]["error_type"] == "service.processing.handler_api.PermanentFailure"
+    assert attempts[0]["error_type"] == "service.PermanentFailure"
     assert await db.fetchval("SELECT count(*) FROM effects") == 0
 
 
@@ -146,7 +146,7 @@ async def test_a_handler_that_commits_fails_its_attempt_and_leaves_no_effect(
     assert await db.fetchval("SELECT count(*) FROM effects") == 0
     for message_id in ("c1", "c2"):
         (attempt,) = await attempts_of(db, message_id)
-        assert attempt["error_type"] == "service.processing.handler_api.HandlerCommitError"
+        assert attempt["error_type"] == "service.HandlerCommitError"
     (loud,) = await attempts_of(db, "c1")
     assert "must not commit" in loud["error"]
 
@@ -282,7 +282,7 @@ async def test_a_hung_handler_times_out_and_is_retried_without_effect(
     finally:
         handlers.state["slow_seconds"] = 1.0
     attempts = await attempts_of(db, "hung")
-    timeout = "service.processing.runner.HandlerTimeout"
+    timeout = "HandlerTimeout"
     assert [a["error_type"] for a in attempts] == [timeout, timeout]
     assert "handler_timeout_seconds" in attempts[0]["error"]
     assert await db.fetchval("SELECT count(*) FROM effects") == 0

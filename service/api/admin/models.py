@@ -29,6 +29,15 @@ def _as_utc(value: datetime) -> datetime:
 Timestamp = Annotated[datetime, AfterValidator(_as_utc)]
 # PostgreSQL text cannot hold NUL; refusing it here turns a driver error into a 422.
 Text = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\x00]*$")]
+
+
+def _no_character_sets(value: str) -> str:
+    if "[" in value:
+        raise ValueError("`*` and `?` are the wildcards here; character sets ([...]) are not")
+    return value
+
+
+EventTypeGlob = Annotated[Text, AfterValidator(_no_character_sets)]
 SourceName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[a-z0-9_-]+$")]
 
 
@@ -40,8 +49,14 @@ class MessageFilters(BaseModel):
     source: SourceName | None = Field(
         default=None, description="Only messages of this source (the `{source}` they came to)."
     )
-    event_type: Text | None = Field(
-        default=None, description="Only messages with exactly this event type."
+    event_type: EventTypeGlob | None = Field(
+        default=None,
+        description="Only messages whose event type matches this glob, as a handler's "
+        "`event_types` in the sources file do: `*` matches any run of characters (also none, "
+        "and a message without an event type), `?` one character, every other character itself "
+        "(`charge.*`, `charge.refund?d`). Without a wildcard, exactly this event type. "
+        "Character sets (`[...]`) are refused.",
+        examples=["charge.*"],
     )
     message_id: Text | None = Field(
         default=None, description="Only the message with this dedup key (the sender's id)."
@@ -95,7 +110,8 @@ class MessageSummary(BaseModel):
     event_type: str | None = Field(description="The event type, when the source names one.")
     status: Status = Field(description="Where the message is in processing.")
     attempt_count: int = Field(
-        description="Processing attempts used since the message was accepted or last retried."
+        description="Processing attempts used of its current budget: since the message was "
+        "accepted or last retried (the history's attempt numbers go on across retries)."
     )
     receive_count: int = Field(description="Deliveries received: 1, plus one per duplicate.")
     received_at: datetime = Field(description="When the first delivery was recorded.")
@@ -120,8 +136,9 @@ class Attempt(BaseModel):
     """One entry of a message's history: a processing attempt, or an admin action."""
 
     attempt: int = Field(
-        description="The attempt's number (1-based); for an admin action, the attempts the "
-        "message had used when it was taken."
+        description="The attempt's number (1-based, counting on across admin retries: 1, 2, "
+        "3, admin_retry, 4); for an admin action, the attempts the message had made when it "
+        "was taken."
     )
     started_at: datetime = Field(description="When the attempt (or action) started.")
     finished_at: datetime | None = Field(description="When it finished; null while running.")

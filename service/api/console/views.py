@@ -90,7 +90,8 @@ def parse_query(model: type[Model], items: QueryItems) -> tuple[Model | None, li
         problems = []
         for error in exc.errors():
             field = ".".join(str(p) for p in error["loc"][:1]) or "filter"
-            problems.append(f"{field.replace('_', ' ')}: {error['msg']}")
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{field.replace('_', ' ')}: {message}")
         return None, problems
 
 

@@ -9,8 +9,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from standardwebhooks.webhooks import Webhook
 
+from service.core.settings import ConfigError
+from service.sources import signing, standard_webhooks
+from service.sources.config_file import parse_inbox_config
 from service.sources.standard_webhooks import decode_secret, sign
 from tests.senders.standard_webhooks import BODY, CONFIG, NEW_SECRET, OLD_SECRET, signed_request
 from tests.verdicts import messages_of, refusal_of, source_of
@@ -90,3 +94,122 @@ def test_standard_webhooks_spec_example_vector() -> None:
     body = b'{"test": 2432232314}'
     expected = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
     assert sign(decode_secret(secret), "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body) == expected
+
+
+# v1a: ed25519. The reference libraries' signing vector (standard-webhooks, libraries/go,
+# TestAsymmetricWebhookSign): this private seed signs this message as `V1A_EXPECTED`.
+V1A_SEED = base64.b64decode("VEVTVFNJR05JTkdLRVlET05PVFVTRVRISVNGT1JBTlk=")
+V1A_MSG_ID, V1A_TIMESTAMP = "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330
+V1A_BODY = b'{"test": 2432232314}'
+V1A_EXPECTED = (
+    "v1a,tQ9V2XOqn7jL/DQenEFpqIugdBVtiMmER5mhSkXBNwM0mkATuDe6KYYUuxqtaiHeYGb7KaaBRdM5WqyeFiL8Ag=="
+)
+
+
+def public_key_of(seed: bytes) -> str:
+    raw = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
+    return "whpk_" + base64.b64encode(raw).decode()
+
+
+def v1a_request(signature: str, msg_id: str = V1A_MSG_ID) -> dict[str, str]:
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(V1A_TIMESTAMP),
+        "webhook-signature": signature,
+        "content-type": "application/json",
+    }
+
+
+@pytest.fixture
+def at_the_vector_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(signing, "now", lambda: float(V1A_TIMESTAMP + 10))
+
+
+def test_the_v1a_vector_is_an_ed25519_signature_of_id_timestamp_body() -> None:
+    signature = Ed25519PrivateKey.from_private_bytes(V1A_SEED).sign(
+        f"{V1A_MSG_ID}.{V1A_TIMESTAMP}.".encode() + V1A_BODY
+    )
+    assert "v1a," + base64.b64encode(signature).decode() == V1A_EXPECTED
+
+
+@pytest.mark.usefixtures("at_the_vector_time")
+async def test_v1a_vector_verifies_with_the_whpk_public_key() -> None:
+    config = {"kind": "standard-webhooks", "public_keys": [public_key_of(V1A_SEED)]}
+    source = source_of({"sources": {"pk": config}}, "pk")
+    verdict = await messages_of(source, V1A_BODY, v1a_request(V1A_EXPECTED))
+    assert [m.message_id for m in verdict.items] == [V1A_MSG_ID]
+    for tampered, detail in [
+        (v1a_request(V1A_EXPECTED, msg_id="msg_other"), "no webhook-signature matches"),
+        (v1a_request("v1a,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc="), "matches"),
+        (v1a_request("v1a,"), "matches"),
+        # A v1 signature means nothing to a source with no secret: it has no v1a entry.
+        (v1a_request("v1,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc="), "no v1a signature"),
+    ]:
+        refusal = await refusal_of(source, V1A_BODY, tampered)
+        assert refusal.status == 401
+        assert detail in refusal.detail
+
+
+@pytest.mark.usefixtures("at_the_vector_time")
+async def test_v1_and_v1a_in_one_header_either_verifies_as_the_spec_says() -> None:
+    other_key = public_key_of(b"\x07" * 32)
+    config = {
+        "kind": "standard-webhooks",
+        "secrets": [NEW_SECRET],
+        "public_keys": [other_key, public_key_of(V1A_SEED)],  # rotation: any verifies
+    }
+    source = source_of({"sources": {"both": config}}, "both")
+    v1 = sign(decode_secret(NEW_SECRET), V1A_MSG_ID, V1A_TIMESTAMP, V1A_BODY)
+    wrong_v1 = "v1,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc="
+    wrong_v1a = "v1a," + base64.b64encode(b"\x00" * 64).decode()
+    for header in [
+        f"{wrong_v1} v2,abc {V1A_EXPECTED}",  # the v1a one verifies
+        f"{wrong_v1a} {v1}",  # the v1 one verifies
+        f"{v1} {V1A_EXPECTED}",
+    ]:
+        verdict = await messages_of(source, V1A_BODY, v1a_request(header))
+        assert [m.message_id for m in verdict.items] == [V1A_MSG_ID]
+    refusal = await refusal_of(source, V1A_BODY, v1a_request(f"{wrong_v1} {wrong_v1a}"))
+    assert refusal.status == 401
+    refusal = await refusal_of(source, V1A_BODY, v1a_request("v2,abc"))
+    assert "no v1 or v1a signature" in refusal.detail
+
+
+@pytest.mark.usefixtures("at_the_vector_time")
+async def test_only_the_first_v1a_signatures_are_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = {"kind": "standard-webhooks", "public_keys": [public_key_of(V1A_SEED)]}
+    source = source_of({"sources": {"pk": config}}, "pk")
+    verified = []
+    real = standard_webhooks._ed25519_verifies
+    monkeypatch.setattr(
+        standard_webhooks,
+        "_ed25519_verifies",
+        lambda *args: verified.append(1) or real(*args),
+    )
+    wrong = "v1a," + base64.b64encode(b"\x01" * 64).decode()
+    flood = " ".join([wrong] * 500 + [V1A_EXPECTED])
+    refusal = await refusal_of(source, V1A_BODY, v1a_request(flood))
+    assert refusal.status == 401
+    assert len(verified) == standard_webhooks.MAX_V1A_SIGNATURES
+    first = " ".join([wrong] * (standard_webhooks.MAX_V1A_SIGNATURES - 1) + [V1A_EXPECTED])
+    assert (await messages_of(source, V1A_BODY, v1a_request(first))).items
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("whpk_not-base64!", "public key is not whpk_"),
+        ("whpk_" + base64.b64encode(b"short").decode(), "32-byte ed25519 key"),
+        ("env:NO_SUCH_WHPK_VARIABLE", "NO_SUCH_WHPK_VARIABLE is not set"),
+    ],
+)
+def test_a_bad_public_key_is_refused_at_start(key: str, message: str) -> None:
+    config = {"sources": {"pk": {"kind": "standard-webhooks", "public_keys": [key]}}}
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_inbox_config(config)
+    assert "sources.pk.public_keys[0]" in str(caught.value)
+
+
+def test_a_source_needs_a_secret_or_a_public_key() -> None:
+    with pytest.raises(ConfigError, match="or public key"):
+        parse_inbox_config({"sources": {"sw": {"kind": "standard-webhooks"}}})
