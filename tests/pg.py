@@ -108,3 +108,13 @@ async def drop_database(server_url: str, name: str) -> None:
         await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await conn.close()
+
+
+async def empty_tables(url: str, *extra: str) -> None:
+    """No rows left in the inbox's tables (and `extra` ones), ids counting from 1 again."""
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        tables = ", ".join(["inbox_messages", "inbox_attempts", *extra])
+        await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
+    finally:
+        await conn.close()
