@@ -25,8 +25,11 @@ def postgres_of(pgdata: Path) -> list[psutil.Process]:
     return found
 
 
-def serve(embedded_home: Path) -> ServerProcess:
-    return ServerProcess({"INBOX_LOG_LEVEL": "INFO"}, embedded_home, startup_timeout=60)
+def serve(home: Path) -> ServerProcess:
+    # The embedded server is the supervising process's own; a processing process would only
+    # add its start-up (tests/e2e/test_isolation.py drains both roles, then checks the same).
+    args = ["serve", "--no-worker", "--port", "{port}"]
+    return ServerProcess({"INBOX_LOG_LEVEL": "INFO"}, home, args=args)
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
