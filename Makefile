@@ -36,7 +36,7 @@ typecheck: $(VENV)/.synced
 	$(BIN)/mypy --strict service
 
 pytest: $(VENV)/.synced $(CHROMIUM)
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 migrate: $(VENV)/.synced
 	$(BIN)/webhook-inbox migrate

@@ -19,9 +19,6 @@ from tests.server import ServerProcess, http_only
 LIMIT = 1024 * 1024
 BIG = 200 * 1024 * 1024
 
-# One worker runs the module, so its server starts once.
-pytestmark = pytest.mark.xdist_group("clients")
-
 
 @pytest.fixture(scope="module")
 def server(

@@ -28,8 +28,7 @@ from tests.processing_helpers import create_effects, wait_until
 from tests.server import ServerProcess
 from tests.worker_process import ROOT, wait_listening
 
-# One worker runs the module, so its server and browser start once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("console")]
+pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
 CONSOLE_ACTOR = "console:" + token_fingerprint(TOKEN)

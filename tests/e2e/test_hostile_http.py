@@ -27,8 +27,7 @@ import pytest
 from tests.pg import empty_tables
 from tests.server import ServerProcess, http_only
 
-# One worker runs the module, so its server starts once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hostile_http")]
+pytestmark = pytest.mark.slow
 
 HEAD = b"POST /webhooks/s HTTP/1.1\r\nHost: x\r\n"
 END = b"Connection: close\r\nContent-Length: 2\r\n\r\n{}"
