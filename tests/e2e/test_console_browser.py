@@ -23,7 +23,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from service.api.security import token_fingerprint
 from tests.admin_seed import TOKEN, seed
 from tests.console_handlers import DOWN_FLAG_ENV
-from tests.pg import asyncpg_dsn, create_database, drop_database, with_database
+from tests.pg import asyncpg_dsn, empty_tables
 from tests.processing_helpers import create_effects, wait_until
 from tests.server import ServerProcess
 from tests.worker_process import ROOT, wait_listening
@@ -93,16 +93,12 @@ class Console:
 
 
 @pytest.fixture(scope="module")
-async def console_database(pg_server: str, template_db: str) -> AsyncIterator[str]:
-    """One database for the module's server: starting `serve` costs seconds on a busy machine,
-    so the tests share it and each starts from emptied tables instead."""
-    name = await create_database(pg_server, template=template_db)
-    url = with_database(pg_server, name)
-    conn = await asyncpg.connect(asyncpg_dsn(url))
+async def console_database(module_database: str) -> str:
+    """The module's database, for its one server; each test starts from emptied tables."""
+    conn = await asyncpg.connect(asyncpg_dsn(module_database))
     await create_effects(conn)
     await conn.close()
-    yield url
-    await drop_database(pg_server, name)
+    return module_database
 
 
 @pytest.fixture(scope="module")
@@ -131,15 +127,16 @@ async def console(
 ) -> AsyncIterator[Console]:
     server, down_flag = serving
     down_flag.unlink(missing_ok=True)
+    await empty_tables(console_database, "effects")
     conn = await asyncpg.connect(asyncpg_dsn(console_database))
-    await conn.execute("TRUNCATE inbox_messages, inbox_attempts, effects RESTART IDENTITY")
     await wait_listening(conn, 1)
     yield Console(server, down_flag, conn)
     await conn.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
+    """One browser for the module; each test gets a context (cookies, storage) of its own."""
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
     async with async_playwright() as playwright:
         # No download: Playwright drives the system's chromium.

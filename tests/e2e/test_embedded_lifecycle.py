@@ -25,16 +25,19 @@ def postgres_of(pgdata: Path) -> list[psutil.Process]:
     return found
 
 
-def serve(tmp_path: Path) -> ServerProcess:
-    return ServerProcess({"INBOX_LOG_LEVEL": "INFO"}, tmp_path, startup_timeout=60)
+def serve(home: Path) -> ServerProcess:
+    # The embedded server is the supervising process's own; a processing process would only
+    # add its start-up (tests/e2e/test_isolation.py drains both roles, then checks the same).
+    args = ["serve", "--no-worker", "--port", "{port}"]
+    return ServerProcess({"INBOX_LOG_LEVEL": "INFO"}, home, args=args)
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_serve_stops_its_embedded_postgres_on_a_stop_signal(
-    tmp_path: Path, stop_signal: signal.Signals
+    embedded_home: Path, stop_signal: signal.Signals
 ) -> None:
-    pgdata = (tmp_path / "data" / "pgdata").resolve()
-    with serve(tmp_path) as server:
+    pgdata = (embedded_home / "data" / "pgdata").resolve()
+    with serve(embedded_home) as server:
         assert postgres_of(pgdata)
         assert server.process is not None
         server.process.send_signal(stop_signal)
@@ -43,14 +46,14 @@ def test_serve_stops_its_embedded_postgres_on_a_stop_signal(
     assert json.loads((pgdata / ".handle_pids.json").read_text()) == []
 
 
-def test_a_postgres_left_by_a_killed_serve_is_reused_then_stopped(tmp_path: Path) -> None:
-    pgdata = (tmp_path / "data" / "pgdata").resolve()
-    with serve(tmp_path) as first:
+def test_a_postgres_left_by_a_killed_serve_is_reused_then_stopped(embedded_home: Path) -> None:
+    pgdata = (embedded_home / "data" / "pgdata").resolve()
+    with serve(embedded_home) as first:
         first.kill()  # SIGKILL: no clean-up at all
     assert postgres_of(pgdata), "the killed run's server is still up"
     (killed_pid,) = json.loads((pgdata / ".handle_pids.json").read_text())
     postmaster = postgres_of(pgdata)[0].pid
-    with serve(tmp_path) as second:
+    with serve(embedded_home) as second:
         # Joined, not started afresh: the same server answers.
         assert postmaster in {p.pid for p in postgres_of(pgdata)}
         assert second.terminate(60) == 0

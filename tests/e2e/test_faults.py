@@ -6,18 +6,16 @@ from pathlib import Path
 
 import httpx
 
-from tests.server import ServerProcess
+from tests.server import http_only
 
 
 async def test_restarted_service_keeps_dedup_state(database_url: str, tmp_path: Path) -> None:
-    config = tmp_path / "inbox.toml"
-    config.write_text('[sources.s]\nkind = "generic"\nid_header = "x-id"\n')
-    env = {"DATABASE_URL": database_url, "INBOX_CONFIG": str(config)}
-    with ServerProcess(env, tmp_path) as server:
+    sources = '[sources.s]\nkind = "generic"\nid_header = "x-id"\n'
+    with http_only(tmp_path, database_url, sources) as server:
         first = httpx.post(f"{server.url}/webhooks/s", content=b"a", headers={"x-id": "keep"})
         assert first.json()["status"] == "accepted"
         server.kill()
-    with ServerProcess(env, tmp_path) as server:
+    with http_only(tmp_path, database_url, sources) as server:
         second = httpx.post(f"{server.url}/webhooks/s", content=b"a", headers={"x-id": "keep"})
     assert second.status_code == 200
     assert second.json() == {"status": "duplicate", "message_id": "keep"}

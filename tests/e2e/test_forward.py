@@ -30,8 +30,11 @@ backoff_max_seconds = 0.1
 url = "{server.url}"
 timeout_seconds = 1
 """
+        # The lease (timeout 1 s + margin 3 s) must outlast the time from the forward's arrival
+        # to the kill, which a loaded machine stretched past 1.5 s: the doomed worker then
+        # took its own expired claim again before it died.
         worker = start_worker(
-            database_url, toml, tmp_path, "doomed", INBOX_WORKER_LEASE_MARGIN_SECONDS="0.5"
+            database_url, toml, tmp_path, "doomed", INBOX_WORKER_LEASE_MARGIN_SECONDS="3"
         )
         try:
             await wait_listening(db, 1)
@@ -49,7 +52,7 @@ timeout_seconds = 1
         row = await db.fetchrow("SELECT status, attempts, locked_until FROM inbox_messages")
         assert row is not None
         assert (row["status"], row["attempts"]) == ("processing", 1)
-        # A new worker takes the message over once the lease (timeout 1s + margin 0.5s) expires.
+        # A new worker takes the message over once the lease expires.
         cfg = {"sources": {"hooks": source(forward={"url": server.url, "timeout_seconds": 1})}}
         async with client_for(
             cfg, run_worker=True, worker_lease_margin_seconds=0.5, **WORKER_SETTINGS

@@ -18,7 +18,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.server import ServerProcess
+from tests.server import ServerProcess, http_only
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +32,11 @@ HEALTHY_PER_BURST = 100
 
 @pytest.fixture
 def server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = tmp_path / "inbox.toml"
-    config.write_text(
+    sources = (
         '[sources.open]\nkind = "generic"\nid_json_pointer = "/id"\n'
         'event_type_json_pointer = "/type"\n'
     )
-    env = {"DATABASE_URL": database_url, "INBOX_CONFIG": str(config)}
-    with ServerProcess(env, tmp_path) as running:
+    with http_only(tmp_path, database_url, sources) as running:
         yield running
 
 

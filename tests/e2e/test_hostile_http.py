@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 import httpx
 import psutil
 import pytest
 
-from tests.server import ServerProcess
+from tests.pg import empty_tables
+from tests.server import ServerProcess, http_only
 
 pytestmark = pytest.mark.slow
 
@@ -59,13 +59,21 @@ LONG_IDS = {
 }
 
 
-@pytest.fixture
-def server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = tmp_path / "inbox.toml"
-    config.write_text('[sources.s]\nkind = "generic"\nid_header = "x-id"\n')
-    env = {"DATABASE_URL": database_url, "INBOX_CONFIG": str(config)}
-    with ServerProcess(env, tmp_path) as running:
+@pytest.fixture(scope="module")
+def server(
+    module_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """One server for the module's tests: every request they send ends with its connection."""
+    sources = '[sources.s]\nkind = "generic"\nid_header = "x-id"\n'
+    with http_only(tmp_path_factory.mktemp("hostile"), module_database, sources) as running:
         yield running
+
+
+@pytest.fixture
+async def database_url(module_database: str) -> str:
+    """The shared server's database, emptied for each test."""
+    await empty_tables(module_database)
+    return module_database
 
 
 async def exchange(port: int, request: bytes) -> tuple[int, bytes, bytes]:

@@ -20,7 +20,7 @@ import pytest
 
 from service.api.head_limits import REQUEST_HEAD_TIMEOUT_SECONDS
 from service.core.db import asyncpg_dsn
-from tests.server import ServerProcess
+from tests.server import ServerProcess, http_only
 
 pytestmark = pytest.mark.slow
 
@@ -38,10 +38,8 @@ def raise_fd_limit(needed: int) -> None:
 
 
 def start_server(database_url: str, workdir: Path, **env: str) -> ServerProcess:
-    config = workdir / "inbox.toml"
-    config.write_text('[sources.s]\nkind = "generic"\nid_header = "x-id"\n')
-    return ServerProcess(
-        {"DATABASE_URL": database_url, "INBOX_CONFIG": str(config), **env}, workdir
+    return http_only(
+        workdir, database_url, '[sources.s]\nkind = "generic"\nid_header = "x-id"\n', **env
     )
 
 

@@ -176,11 +176,19 @@ async def test_a_handler_blocking_its_event_loop_does_not_slow_ingest(
     await create_effects(db)
     with serving(tmp_path, source_toml("block_loop"), DATABASE_URL=database_url) as server:
         await wait_listening(db, 1)
-        assert (await deliver(server.url, ["blocker"], body=b'{"sleep": 20}')) == {"blocker": 200}
-        # The watchdog names the handler once the processing loop has been stuck for 1 s.
+        # Blocked for good until the test lets go (at most 60 s).
+        gate = tmp_path / "let-go"
+        body = json.dumps({"sleep": 60, "until": str(gate)}).encode()
+        assert (await deliver(server.url, ["blocker"], body=body)) == {"blocker": 200}
+        # The watchdog names the handler once the processing loop has been stuck for 1 s. (On a
+        # busy machine a start-up can stall the loop too: such a block names no handler.)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            blocked = [e for e in log_events(server) if e["event"].startswith("event loop blocked")]
+            blocked = [
+                e
+                for e in log_events(server)
+                if e["event"].startswith("event loop blocked") and e["handler"] is not None
+            ]
             if blocked:
                 break
             await asyncio.sleep(0.1)
@@ -204,14 +212,17 @@ async def test_a_handler_blocking_its_event_loop_does_not_slow_ingest(
         latencies.sort()
         assert latencies[98] < 0.1, latencies[-5:]
         assert await db.fetchval("SELECT count(*) FROM inbox_messages") == 101
+        gate.touch()
         await wait_until(db, PROCESSED, 101, 60)
     assert await db.fetchval("SELECT count(*) FROM effects") == 101
 
 
-async def test_sigterm_drains_both_roles_and_stops_the_embedded_database(tmp_path: Path) -> None:
+async def test_sigterm_drains_both_roles_and_stops_the_embedded_database(
+    embedded_home: Path,
+) -> None:
     ids = [f"t-{i}" for i in range(400)]
     settings = {"INBOX_WORKER_BATCH_SIZE": "20"}
-    with serving(tmp_path, source_toml("record_slowly"), **settings) as server:
+    with serving(embedded_home, source_toml("record_slowly"), **settings) as server:
         (started,) = [
             e for e in log_events(server) if e["event"] == "database" and e["role"] == "supervisor"
         ]
@@ -231,7 +242,7 @@ async def test_sigterm_drains_both_roles_and_stops_the_embedded_database(tmp_pat
     assert code == 0
     acknowledged = {i for i, status in answers.items() if status == 200}
     assert len(acknowledged) >= 100
-    pgdata = (tmp_path / "data" / "pgdata").resolve()
+    pgdata = (embedded_home / "data" / "pgdata").resolve()
     # No PostgreSQL of this data directory outlives `serve`.
     leftovers = [
         p
@@ -239,7 +250,7 @@ async def test_sigterm_drains_both_roles_and_stops_the_embedded_database(tmp_pat
         if p.info["name"] == "postgres" and str(pgdata) in " ".join(p.info["cmdline"] or [])
     ]
     assert leftovers == []
-    embedded = EmbeddedPostgres.start(tmp_path / "data")
+    embedded = EmbeddedPostgres.start(embedded_home / "data")
     try:
         db = await asyncpg.connect(asyncpg_dsn(embedded.url))
         try:

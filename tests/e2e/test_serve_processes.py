@@ -124,16 +124,16 @@ def metric_sum(text: str, name: str, label: str) -> float:
     )
 
 
-async def test_two_server_processes_share_the_embedded_database(tmp_path: Path) -> None:
+async def test_two_server_processes_share_the_embedded_database(embedded_home: Path) -> None:
     # No DATABASE_URL: `serve` starts the embedded PostgreSQL under INBOX_DATA_DIR and hands
     # its URL to the processes it starts.
     ids = [f"embedded-{i}" for i in range(60)]
-    with two_processes(tmp_path) as server:
+    with two_processes(embedded_home) as server:
         events = log_events(server)
         (started,) = [
             e for e in events if e.get("event") == "database" and e["role"] == "supervisor"
         ]
-        assert str(tmp_path) in started["url"]
+        assert str(embedded_home) in started["url"]
         db = await asyncpg.connect(asyncpg_dsn(started["url"]))
         try:
             await create_effects(db)
