@@ -71,7 +71,8 @@ def shell(script: str, cwd: Path, env: dict[str, str]) -> str:
     return result.stdout
 
 
-def test_the_handler_examples_run_as_documented(tmp_path: Path) -> None:
+def test_the_handler_examples_run_as_documented(embedded_home: Path) -> None:
+    tmp_path = embedded_home  # the embedded PostgreSQL runs as another user: see the fixture
     (init, env_lines, migration, upgrade, handler, config, try_it) = example_blocks()
     assert [init[0], env_lines[0], migration[0], upgrade[0], handler[0], config[0], try_it[0]] == [
         "sh",
