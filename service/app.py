@@ -56,7 +56,7 @@ def create_app(
     pipelines = resolve_pipelines(inbox)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: InboxApp) -> AsyncIterator[None]:
         tokens, _ = ensure_admin_tokens(settings)
         url = database_url(settings)
         engine = create_engine(url, settings)
@@ -80,9 +80,11 @@ def create_app(
             processing_state=processing_state,
         )
         committer.start()
+        app.direct_ingest = ingest.DirectIngest(app.state.inbox)
         try:
             yield
         finally:
+            app.direct_ingest = None
             await committer.close()
             await engine.dispose()
 
@@ -112,7 +114,12 @@ def create_app(
 
 class InboxApp(FastAPI):
     """FastAPI, with the ingest hot path served before FastAPI's own layers (see
-    `service.api.ingest.serve_ingest`); every other request goes through FastAPI."""
+    `service.api.ingest.serve_ingest`); every other request goes through FastAPI.
+
+    `direct_ingest`, while the app runs, serves plain deliveries for the HTTP protocol without
+    ASGI at all (`service.api.http_protocol`)."""
+
+    direct_ingest: ingest.DirectIngest | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

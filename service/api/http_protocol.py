@@ -1,19 +1,24 @@
-"""uvicorn's httptools protocol with the connection bounds it lacks: head size, head timeout,
-and a connection limit that idle sockets cannot exhaust."""
+"""uvicorn's httptools protocol with the connection bounds it lacks (head size, head timeout,
+a connection limit that idle sockets cannot exhaust), serving plain deliveries without ASGI."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from starlette.responses import Response
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from service.api.head_limits import MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_SECONDS
+from service.api.ingest import DirectIngest
 from service.api.problems import RETRY_AFTER_SECONDS, problem
+from service.api.request_id import request_id_of
 
 log = logging.getLogger("service.http")
 
@@ -55,6 +60,52 @@ async def refuse_busy(scope: Any, receive: Any, send: Any) -> None:
     await response(scope, receive, send)
 
 
+WEBHOOKS = b"/webhooks/"
+
+
+class _NoEvent:
+    """uvicorn sets its cycle's `message_event` when the connection goes; nothing waits here."""
+
+    def set(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class DirectRequest:
+    """A delivery served without ASGI, standing where uvicorn keeps its request cycle (it
+    reads `response_complete`, `keep_alive` and `disconnected`, and sets `message_event`)."""
+
+    ingestion: DirectIngest
+    source: str
+    headers: list[tuple[bytes, bytes]]
+    query_string: bytes
+    keep_alive: bool
+    started: float
+    chunks: list[bytes] = field(default_factory=list)
+    body_timer: asyncio.TimerHandle | None = None
+    response_complete: bool = False
+    disconnected: bool = False
+    message_event: _NoEvent = field(default_factory=_NoEvent)
+
+
+def response_bytes(
+    response: Response,
+    request_id: str,
+    default_headers: list[tuple[bytes, bytes]],
+    *,
+    keep_alive: bool,
+) -> bytes:
+    """The whole HTTP/1.1 response for `response` (status line, headers, body) in one piece."""
+    parts = [STATUS_LINE[response.status_code]]
+    for name, value in (*default_headers, *response.raw_headers):
+        parts += [name, b": ", value, b"\r\n"]
+    parts += [b"x-request-id: ", request_id.encode("latin-1"), b"\r\n"]
+    if not keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts += [b"\r\n", bytes(response.body)]
+    return b"".join(parts)
+
+
 class CoalescingTransport:
     """A transport whose writes of one turn of the event loop go out in one `write`.
 
@@ -84,6 +135,14 @@ class CoalescingTransport:
         if not self._transport.is_closing():
             self._transport.write(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Write `data` at once, after anything held: a whole response needs no coalescing."""
+        if self._held:
+            self._held.append(data)
+            self.flush()
+        elif not self._transport.is_closing():
+            self._transport.write(data)
+
     def write_eof(self) -> None:
         self.flush()
         self._transport.write_eof()
@@ -91,6 +150,13 @@ class CoalescingTransport:
     def close(self) -> None:
         self.flush()
         self._transport.close()
+
+    # Asked on every read and answer: spelled out rather than found by __getattr__.
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -112,6 +178,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
       when that many connections are open, a new one makes room by closing the connection
       that has waited longest for a head. Only when every allowed connection is busy with a
       request is a new request refused: 503, a problem with Retry-After.
+
+    And one shortcut: a plain delivery (`POST /webhooks/{source}` for a configured source,
+    with a Content-Length within the body limit) is handed to the app's `direct_ingest`
+    with its head and body as parsed here, and its answer written in one piece, instead of
+    going through an ASGI request cycle, middleware and Starlette's request and response
+    objects. Measured with bench/ingest, that machinery cost more CPU than verifying and
+    recording the delivery. Everything else is served through ASGI as before.
     """
 
     # Connections waiting for a request head, longest-waiting first: the ones closed to make
@@ -135,19 +208,25 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._body_left: int | None = 0  # None: chunked, its end known to the parser alone
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False  # an error was sent; the connection drains until it closes
+        self._direct: DirectRequest | None = None  # a direct delivery whose body is arriving
 
     # Connection lifecycle.
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # Flow control keeps the real transport (its buffer is what pauses writing).
-        self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+        self._coalescing = CoalescingTransport(transport, self.loop)
+        self.transport = self._coalescing  # type: ignore[assignment]
         self._await_head()
         if self.max_connections is not None:
             self._make_room(self.max_connections)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_awaiting_head()
+        direct, self._direct = self._direct, None
+        if direct is not None:  # gone before its whole body came: nothing was recorded
+            self._stop_body_timer(direct)
+            direct.ingestion.disconnected(direct.source, direct.started)
         super().connection_lost(exc)
 
     def _await_head(self) -> None:
@@ -267,6 +346,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._stop_awaiting_head()
         self._body_left = self._announced_body_length()
+        if self._take_directly():
+            return
         if self.max_connections is None or len(self.tasks) < self.max_connections:
             super().on_headers_complete()
             return
@@ -277,17 +358,114 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.app = app
 
     def on_body(self, body: bytes) -> None:
-        if not self._refused:
-            super().on_body(body)
+        if self._refused:
+            return
+        if self._direct is not None:
+            self._direct.chunks.append(body)
+            return
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         if self._refused:
             return
-        super().on_message_complete()
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            self._stop_body_timer(direct)
+            task = self.loop.create_task(self._answer_directly(direct))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+        else:
+            super().on_message_complete()
         self._head_bytes = 0
         self._head_started = False
         self._tail = b""
         self._body_left = 0
+
+    # Deliveries served without ASGI.
+
+    def _direct_ingestion(self) -> DirectIngest | None:
+        """The app's direct ingest while it runs (None: not started, stopping, or another app)."""
+        ingestion: DirectIngest | None = getattr(self.config.app, "direct_ingest", None)
+        return ingestion
+
+    def _take_directly(self) -> bool:
+        """Start serving this request as a direct delivery, if it is a plain one."""
+        ingestion = self._direct_ingestion()
+        if ingestion is None or self.parser.get_method() != b"POST":
+            return False
+        path, _, query_string = self.url.partition(b"?")
+        if not path.startswith(WEBHOOKS):
+            return False
+        name = path[len(WEBHOOKS) :]
+        if not name or not name.isascii() or b"%" in name or b"/" in name:
+            return False
+        source = name.decode("ascii")
+        length = self._body_left
+        if (
+            not ingestion.takes(source)
+            or length is None  # chunked
+            or length > ingestion.max_body_bytes  # 413, before the body is read, by ASGI
+            or self.expect_100_continue
+            or self.parser.should_upgrade()
+            # A pipelined request waits for the one before it: uvicorn queues it.
+            or (self.cycle is not None and not self.cycle.response_complete)
+            or (self.max_connections is not None and len(self.tasks) >= self.max_connections)
+        ):
+            return False
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        direct = DirectRequest(
+            ingestion, source, self.headers, query_string, keep_alive, time.perf_counter()
+        )
+        if length:
+            direct.body_timer = self.loop.call_later(
+                ingestion.body_timeout_seconds, self._body_timed_out
+            )
+        self.cycle = direct  # type: ignore[assignment]
+        self._direct = direct
+        return True
+
+    @staticmethod
+    def _stop_body_timer(direct: DirectRequest) -> None:
+        if direct.body_timer is not None:
+            direct.body_timer.cancel()
+            direct.body_timer = None
+
+    def _body_timed_out(self) -> None:
+        direct, self._direct = self._direct, None
+        if direct is None:
+            return
+        direct.body_timer = None
+        response = direct.ingestion.body_timed_out(direct.source, direct.started)
+        direct.response_complete = True
+        answer = response_bytes(
+            response,
+            request_id_of(direct.headers),
+            self.server_state.default_headers,
+            keep_alive=False,
+        )
+        self._refused = True
+        self._send_and_close(answer)
+
+    async def _answer_directly(self, direct: DirectRequest) -> None:
+        body = b"".join(direct.chunks)
+        response, request_id = await direct.ingestion.answer(
+            direct.source, direct.headers, direct.query_string, body, direct.started
+        )
+        direct.response_complete = True
+        if self.transport.is_closing():  # the client left; its delivery may be recorded
+            return
+        keep_alive = direct.keep_alive and not self._shutting_down()
+        answer = response_bytes(
+            response, request_id, self.server_state.default_headers, keep_alive=keep_alive
+        )
+        self._coalescing.write_now(answer)
+        if not keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+    def _shutting_down(self) -> bool:
+        # uvicorn's shutdown() clears the keep-alive of a cycle in flight.
+        return self.cycle is not None and not self.cycle.keep_alive
 
     def _announced_body_length(self) -> int | None:
         """The body's length from Content-Length (0 without one), or None when chunked."""
@@ -303,6 +481,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """Send `answer` (an error) and close, reading nothing more from this connection."""
         log.warning(event, extra={"client": self.client and self.client[0]})
         self._refused = True
+        self._send_and_close(answer)
+
+    def _send_and_close(self, answer: bytes) -> None:
         self._stop_awaiting_head()
         self.transport.write(answer)
         # Closing with the client's bytes still unread would send a reset, which can destroy

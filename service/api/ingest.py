@@ -6,10 +6,13 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
+from starlette.datastructures import Headers, QueryParams
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -92,11 +95,10 @@ async def read_body(request: Request, limit: int, within_seconds: float) -> byte
     return b"".join(chunks)
 
 
-def stored_headers(source: AnySource, request: Request) -> dict[str, str]:
+def stored_headers(source: AnySource, headers: Headers) -> dict[str, str]:
     """The request headers worth keeping, with every credential and signature value redacted."""
     return {
-        name: (REDACTED if source.is_sensitive_header(name) else value)
-        for name, value in request.headers.items()
+        name: (REDACTED if source.sensitive(name) else value) for name, value in headers.items()
     }
 
 
@@ -107,6 +109,17 @@ class EscapedJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
+
+
+class AnswerResponse(JSONResponse):
+    """A recorded delivery's JSON answer, encoded by orjson: Starlette's JSONResponse builds a
+    new encoder for every answer (json.dumps with options), a cost paid per delivery."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return orjson.dumps(content)
+        except TypeError:  # a string orjson refuses (an unpaired surrogate): escape it
+            return json.dumps(content, separators=(",", ":")).encode()
 
 
 def handshake_response(handshake: Handshake) -> Response:
@@ -157,9 +170,23 @@ id of at most {MAX_MESSAGE_ID_LENGTH} printable characters, an event type of at 
 )
 async def receive(source: str, request: Request, state: StateDep) -> Response:
     started = time.perf_counter()
-    with tracing.delivery_span(source, request.headers) as delivery:
+    work = handle_delivery(source, request, state, started)
+    return await answered(state, source, request.headers, started, work)
+
+
+async def answered(
+    state: AppState,
+    source: str,
+    headers: Headers,
+    started: float,
+    work: Coroutine[Any, Any, Response],
+) -> Response:
+    """`work`'s answer to a delivery, inside the delivery's span and timed by its metrics; a
+    500 problem if it fails unexpectedly (nothing was recorded: the flusher's own errors
+    reach it as exceptions before any 2xx)."""
+    with tracing.delivery_span(source, headers) as delivery:
         try:
-            response = await handle_delivery(source, request, state, started)
+            response = await work
         except Exception:
             log.exception("ingest failed", extra={"source": source})
             response = problem(500, "internal error; the delivery was not recorded")
@@ -183,7 +210,8 @@ async def serve_ingest(state: AppState, scope: Scope, receive_: Receive, send: S
     Measured with bench/ingest: FastAPI's per-request layers cost more CPU than verifying and
     recording a delivery. `receive` and `handshake` stay registered as FastAPI routes, so
     /docs and /openapi.json describe them, and what this does not take (another method, a
-    nested path) falls through to FastAPI's own answer.
+    nested path) falls through to FastAPI's own answer. Under `serve`, most deliveries do
+    not even come this way: the HTTP protocol hands them to `DirectIngest` (below).
     """
     path: str = scope["path"]
     if not path.startswith(PREFIX) or scope["type"] != "http":
@@ -192,7 +220,7 @@ async def serve_ingest(state: AppState, scope: Scope, receive_: Receive, send: S
     method = scope["method"]
     if not source or "/" in source or method not in ("POST", "OPTIONS"):
         return False
-    request_id = request_id_of(scope)
+    request_id = request_id_of(scope["headers"])
     token = REQUEST_ID.set(request_id)
     try:
         request = Request(scope, receive_)
@@ -211,42 +239,116 @@ async def serve_ingest(state: AppState, scope: Scope, receive_: Receive, send: S
     return True
 
 
+NO_QUERY = QueryParams()  # immutable, so every delivery without a query string may share it
+
+
+class DirectIngest:
+    """`POST /webhooks/{source}` for the HTTP protocol itself (`service.api.http_protocol`),
+    with no ASGI in between: the protocol has parsed the head and collected the body, and
+    writes the answer it gets back.
+
+    It takes only the plain case, which is nearly every delivery: a configured source, a
+    Content-Length within the limit. Anything else (chunked bodies, `Expect`, an unknown or
+    percent-encoded source, another method) goes the ASGI way, which answers the same: the
+    verification, recording and answer are `take_delivery`'s in both.
+    """
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self.max_body_bytes = state.settings.max_body_bytes
+        self.body_timeout_seconds = state.settings.body_timeout_seconds
+
+    def takes(self, source: str) -> bool:
+        return source in self.state.inbox.sources
+
+    async def answer(
+        self,
+        source: str,
+        raw_headers: list[tuple[bytes, bytes]],
+        query_string: bytes,
+        body: bytes,
+        started: float,
+    ) -> tuple[Response, str]:
+        """The answer to a whole delivery, and its request id."""
+        state = self.state
+        request_id = request_id_of(raw_headers)
+        token = REQUEST_ID.set(request_id)
+        try:
+            headers = Headers(raw=raw_headers)
+            query = QueryParams(query_string) if query_string else NO_QUERY
+            configured = state.inbox.sources[source]
+            work = take_delivery(state, configured, "POST", headers, query, body, started)
+            return await answered(state, source, headers, started, work), request_id
+        finally:
+            REQUEST_ID.reset(token)
+
+    def body_timed_out(self, source: str, started: float) -> Response:
+        return body_timed_out(self.state, source, started)
+
+    def disconnected(self, source: str, started: float) -> None:
+        log_delivery(self.state.metrics, source, None, "rejected:client_disconnect", started)
+
+
 async def handle_delivery(
     source: str, request: Request, state: AppState, started: float
 ) -> Response:
-    metrics = state.metrics
+    """A delivery that came through the ASGI app: find its source, read its body, take it."""
     configured = state.inbox.sources.get(source)
     if configured is None:
-        metrics.delivery(UNKNOWN_SOURCE, "rejected", "unknown_source")
-        # Logged like every other delivery's outcome: a sender pointed at a mistyped source
-        # is otherwise invisible to the operator.
-        log.info(
-            "delivery",
-            extra={
-                "source": loggable(source),
-                "outcome": "rejected:unknown_source",
-                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-            },
-        )
-        return problem(404, f"no source named {loggable(source)!r} is configured")
+        return unknown_source(state.metrics, source, started)
     settings = state.settings
+    metrics = state.metrics
     try:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
     except BodyTooLarge:
         log_delivery(metrics, source, None, "rejected:too_large", started)
         return problem(413, f"body is larger than the limit of {settings.max_body_bytes} bytes")
     except TimeoutError:
-        log_delivery(metrics, source, None, "rejected:body_timeout", started)
-        return problem(
-            408, f"the body did not arrive within {settings.body_timeout_seconds} seconds"
-        )
+        return body_timed_out(state, source, started)
     except ClientDisconnect:
         log_delivery(metrics, source, None, "rejected:client_disconnect", started)
         return problem(400, "the client disconnected before sending the whole body")
+    return await take_delivery(
+        state, configured, request.method, request.headers, request.query_params, body, started
+    )
 
-    delivery = RawDelivery(request.method, request.headers, request.query_params, body)
+
+def unknown_source(metrics: Metrics, source: str, started: float) -> Response:
+    metrics.delivery(UNKNOWN_SOURCE, "rejected", "unknown_source")
+    # Logged like every other delivery's outcome: a sender pointed at a mistyped source is
+    # otherwise invisible to the operator.
+    log.info(
+        "delivery",
+        extra={
+            "source": loggable(source),
+            "outcome": "rejected:unknown_source",
+            "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+        },
+    )
+    return problem(404, f"no source named {loggable(source)!r} is configured")
+
+
+def body_timed_out(state: AppState, source: str, started: float) -> Response:
+    log_delivery(state.metrics, source, None, "rejected:body_timeout", started)
+    seconds = state.settings.body_timeout_seconds
+    return problem(408, f"the body did not arrive within {seconds} seconds")
+
+
+async def take_delivery(
+    state: AppState,
+    configured: AnySource,
+    method: str,
+    headers: Headers,
+    query: Mapping[str, str],
+    body: bytes,
+    started: float,
+) -> Response:
+    """Verify a delivery whose whole body has arrived, record its messages, answer it."""
+    metrics = state.metrics
+    source = configured.name
+    delivery = RawDelivery(method, headers, query, body)
     try:
-        check_headers(request.headers.raw)
+        check_headers(headers.raw)
         content_type = checked_content_type(delivery.content_type)
         verdict = await configured.authenticate(delivery)
     except Rejected as exc:
@@ -257,19 +359,19 @@ async def handle_delivery(
 
     messages = tracing.traced_messages(configured.kind, verdict.items)
     pipeline = state.pipelines.get(source)
-    headers = stored_headers(configured, request)
+    kept = stored_headers(configured, headers)
     try:
         if pipeline is not None and pipeline.config.mode == "sync":
             # Sync mode runs the handlers inside this request's own transaction, so it cannot
             # share a group commit with other requests.
             results = await record_and_process(
-                state.engine, pipeline, messages, headers, body, content_type
+                state.engine, pipeline, messages, kept, body, content_type
             )
         else:
             results = await state.committer.record(
                 source,
                 messages,
-                headers,
+                kept,
                 body,
                 content_type,
                 processed=pipeline is not None and not pipeline.has_work,
@@ -300,7 +402,7 @@ async def handle_delivery(
     for result in results:
         log_delivery(metrics, source, result.message_id, result.outcome, started)
     status, payload = configured.respond(results, verdict.batch)
-    return JSONResponse(payload, status_code=status)
+    return AnswerResponse(payload, status_code=status)
 
 
 def refuse(configured: AnySource, exc: Rejected, metrics: Metrics, started: float) -> Response:

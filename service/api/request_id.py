@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -12,9 +13,9 @@ from service.core.logging import REQUEST_ID
 _ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-def request_id_of(scope: Scope) -> str:
+def request_id_of(raw_headers: Iterable[tuple[bytes, bytes]]) -> str:
     """The sender's `X-Request-Id` when it is a sane token, else a new random id."""
-    for name, value in scope["headers"]:
+    for name, value in raw_headers:
         if name == b"x-request-id":
             text: str = value.decode("latin-1")
             if _ACCEPTABLE.match(text):
@@ -33,7 +34,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = request_id_of(scope)
+        request_id = request_id_of(scope["headers"])
         token = REQUEST_ID.set(request_id)
 
         async def send_with_id(message: Message) -> None:

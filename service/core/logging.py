@@ -9,6 +9,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pythonjsonlogger.json
 
 # The request being served (set by the HTTP layer's middleware); stamped on every log line.
@@ -48,33 +49,51 @@ def _fields(record: logging.LogRecord, keep_none: bool = False) -> dict[str, Any
     }
 
 
-class JsonFormatter(pythonjsonlogger.json.JsonFormatter):
-    """One JSON object per line (python-json-logger): `ts`, `level`, `logger`, `event`, `pid`,
-    then the `extra=` fields. A field passed as None stays, as null, so an event's keys are
-    the same every time (a rejected delivery has `"message_id": null`)."""
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: `ts`, `level`, `logger`, `event`, `pid`, `exc` (a traceback,
+    when there is one), then the `extra=` fields. A field passed as None stays, as null, so an
+    event's keys are the same every time (a rejected delivery has `"message_id": null`).
+
+    The line is put together here and encoded by orjson, because ingest logs one per
+    delivery and python-json-logger's formatter cost several times as much per line
+    (docs/benchmarks.md, "Logs"); values orjson does not know (or a string it refuses, such
+    as one with an unpaired surrogate) go through python-json-logger's encoder instead.
+    """
 
     def __init__(self) -> None:
-        super().__init__(
-            # Under `serve`, which process said it: its pid, and `role` among the fields.
-            "{name}{message}{process}",
-            style="{",
-            rename_fields={
-                "name": "logger",
-                "message": "event",
-                "process": "pid",
-                "exc_info": "exc",
-            },
-            reserved_attrs=sorted(_STANDARD),
-        )
+        super().__init__()
+        self._fallback = pythonjsonlogger.json.JsonEncoder()
+        self._second = -1
+        self._second_text = ""
 
-    def add_fields(
-        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
-    ) -> None:
-        log_data["ts"] = datetime.fromtimestamp(record.created, UTC).isoformat(
-            timespec="milliseconds"
-        )
-        log_data["level"] = record.levelname.lower()
-        super().add_fields(log_data, record, message_dict)
+    def _timestamp(self, created: float) -> str:
+        second = int(created)
+        if second != self._second:  # one datetime per second, not one per line
+            self._second_text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            self._second = second
+        return f"{self._second_text}.{int((created - second) * 1000):03d}+00:00"
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": self._timestamp(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            data["exc"] = record.exc_text
+        if record.stack_info:
+            data["stack_info"] = self.formatStack(record.stack_info)
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD:
+                data[key] = value
+        try:
+            return orjson.dumps(data, default=self._fallback.default).decode()
+        except TypeError:  # orjson.JSONEncodeError: a value it cannot write
+            return self._fallback.encode(data)
 
 
 class TextFormatter(logging.Formatter):
@@ -147,6 +166,12 @@ def configure_logging(level: str = "INFO", fmt: str = "json", role: str | None =
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Neither format shows where a line was logged from, or its thread: skip gathering them
+    # for every record (the logging HOWTO's "Optimization": `_srcfile = None` stops the
+    # stack walk that finds the caller).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     # uvicorn's own loggers go through ours; its access log repeats what ingest already logs.
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []

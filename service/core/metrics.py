@@ -150,6 +150,10 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self._delivery_counters: dict[tuple[str, str, str], Counter] = {}
+        self._ingest_histograms: dict[str, Histogram] = {}
+        self._attempt_counters: dict[tuple[str, str], Counter] = {}
+        self._handler_histograms: dict[str, Histogram] = {}
         self._inbox = _InboxCollector()
         self.registry.register(self._inbox)
         self._exposed = self.registry
@@ -171,17 +175,35 @@ class Metrics:
         for outcome in ("sent", "failed"):
             self.alert_notices.labels(outcome)
 
+    # The hot series' children by label values, looked up once: `labels()` checks and locks
+    # on every call, and ingest counts two series per delivery. The label values are bounded
+    # (configured sources, a closed set of outcomes and reasons), and so are these dicts.
+
     def delivery(self, source: str, outcome: str, reason: str = "") -> None:
-        self.deliveries.labels(source, outcome, reason).inc()
+        key = (source, outcome, reason)
+        counter = self._delivery_counters.get(key)
+        if counter is None:
+            counter = self._delivery_counters[key] = self.deliveries.labels(*key)
+        counter.inc()
 
     def ingest_finished(self, source: str, started: float) -> None:
         """Observe one ingest request that began at `time.perf_counter()` value `started`."""
-        self.ingest_duration.labels(source).observe(time.perf_counter() - started)
+        histogram = self._ingest_histograms.get(source)
+        if histogram is None:
+            histogram = self._ingest_histograms[source] = self.ingest_duration.labels(source)
+        histogram.observe(time.perf_counter() - started)
 
     def attempt_finished(self, source: str, outcome: str, duration_seconds: float) -> None:
         """For the worker: one attempt ended with `outcome` after `duration_seconds`."""
-        self.attempts.labels(source, outcome).inc()
-        self.handler_duration.labels(source).observe(duration_seconds)
+        key = (source, outcome)
+        counter = self._attempt_counters.get(key)
+        if counter is None:
+            counter = self._attempt_counters[key] = self.attempts.labels(*key)
+        counter.inc()
+        histogram = self._handler_histograms.get(source)
+        if histogram is None:
+            histogram = self._handler_histograms[source] = self.handler_duration.labels(source)
+        histogram.observe(duration_seconds)
 
     def pruned(self, by_status: Mapping[str, int]) -> None:
         for status, count in by_status.items():

@@ -16,6 +16,9 @@ from service.sources.config import SourceConfig
 # The configuration model of a kind: `Source[GenericConfig]` sees `self.config` as one.
 ConfigT = TypeVar("ConfigT", bound=SourceConfig)
 
+# How many header names a source remembers the sensitivity of (`Source.sensitive`).
+MAX_REMEMBERED_HEADERS = 1024
+
 # Headers whose values are credentials under any kind; never stored or logged.
 ALWAYS_SENSITIVE_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"}
@@ -132,6 +135,7 @@ class Source(ABC, Generic[ConfigT]):
     def __init__(self, name: str, config: ConfigT) -> None:
         self.name = name
         self.config = config
+        self._sensitive: dict[str, bool] = {}
 
     async def authenticate(self, delivery: RawDelivery) -> Verdict:
         """Check the shared `token` every kind may require, then the kind's own scheme."""
@@ -161,6 +165,16 @@ class Source(ABC, Generic[ConfigT]):
     def answer_rejection(self, rejected: Rejected) -> Handshake | None:
         """A sender-specific answer to a refused delivery, or None for the SPEC §4 problem."""
         return None
+
+    def sensitive(self, name: str) -> bool:
+        """`is_sensitive_header(name)`, remembered: ingest asks it of every header of every
+        delivery. Names are the senders' choice, so at most `MAX_REMEMBERED_HEADERS` are kept."""
+        known = self._sensitive.get(name)
+        if known is None:
+            known = self.is_sensitive_header(name)
+            if len(self._sensitive) < MAX_REMEMBERED_HEADERS:
+                self._sensitive[name] = known
+        return known
 
     def is_sensitive_header(self, name: str) -> bool:
         lower = name.lower()

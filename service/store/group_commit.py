@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.tracing import stored
@@ -83,6 +83,11 @@ class _Entry:
     done: asyncio.Future[list[Recorded]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+
+def _give_up(done: asyncio.Future[list[Recorded]]) -> None:
+    if not done.done():
+        done.set_exception(StoreUnavailable("the database did not commit in time"))
 
 
 class GroupCommitter:
@@ -176,18 +181,19 @@ class GroupCommitter:
         if self._held + len(messages) > self.max_queued:
             # Backpressure: a database that cannot keep up gets 503s, not an unbounded queue.
             raise StoreOverloaded("too many deliveries waiting for the database")
-        entry = _Entry(source, messages, json.dumps(dict(headers)), body, content_type, processed)
+        headers_json = orjson.dumps(dict(headers)).decode()
+        entry = _Entry(source, messages, headers_json, body, content_type, processed)
         self._pending.append(entry)
         self._held += len(messages)
         self._wakeup.set()
+        # Giving up ends the entry's future: a flusher that has not taken it yet drops it
+        # unwritten; one already writing it may still commit it (the sender's retry is then a
+        # duplicate). A timer handle, not asyncio.timeout(): a third of the cost per request.
+        timer = asyncio.get_running_loop().call_later(self.wait_timeout, _give_up, entry.done)
         try:
-            # Giving up cancels the entry's future: a flusher that has not taken it yet drops
-            # it unwritten; one already writing it may still commit it (the sender's retry is
-            # then a duplicate).
-            async with asyncio.timeout(self.wait_timeout):
-                return await entry.done
-        except TimeoutError:
-            raise StoreUnavailable("the database did not commit in time") from None
+            return await entry.done
+        finally:
+            timer.cancel()
 
     def _take_batch(self) -> list[_Entry]:
         """The next entries to write, dropping those whose requests stopped waiting."""
