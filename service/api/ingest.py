@@ -21,7 +21,7 @@ from service.api.problems import problem, problem_responses, unavailable
 from service.api.request_id import request_id_of
 from service.api.state import AppState, StateDep
 from service.core import tracing
-from service.core.logging import REQUEST_ID
+from service.core.logging import REQUEST_ID, info_event
 from service.core.metrics import UNKNOWN_SOURCE, Metrics
 from service.processing.sync import HandlerFailed, record_and_process
 from service.sources.base import AnySource, BadDelivery, Handshake, RawDelivery, Rejected
@@ -464,4 +464,4 @@ def log_delivery(
         "outcome": outcome,
         "duration_ms": round((time.perf_counter() - started) * 1000, 2),
     }
-    log.info("delivery", extra=fields)
+    info_event(log, "delivery", fields)

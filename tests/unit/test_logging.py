@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+from collections.abc import Iterator
+
+import pytest
 
 from service.core.logging import JsonFormatter, LoopBatchedStreamHandler
 
@@ -81,3 +84,77 @@ def test_lines_held_when_the_process_shuts_down_are_flushed() -> None:
 
     asyncio.run(main())
     assert events(stream) == ["last words"]
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """`configure_logging` replaces the root logger's handlers and level: put them back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def installed_stream(fmt: str) -> io.StringIO:
+    """`configure_logging`'s handler, writing to a buffer instead of stderr."""
+    from service.core.logging import configure_logging
+
+    configure_logging("INFO", fmt, "http")
+    stream = io.StringIO()
+    logging.getLogger().handlers[0].stream = stream  # type: ignore[attr-defined]
+    return stream
+
+
+def test_an_info_event_is_the_line_logger_info_writes() -> None:
+    from service.core.logging import REQUEST_ID, info_event
+
+    log = logging.getLogger("service.ingest")
+    token = REQUEST_ID.set("rid-1")
+    try:
+        for fmt in ("json", "text"):
+            stream = installed_stream(fmt)
+            fields = {"source": "s", "message_id": None, "outcome": "accepted", "ms": 1.25}
+            log.info("delivery", extra=dict(fields))
+            info_event(log, "delivery", dict(fields))
+            by_record, direct = stream.getvalue().splitlines()
+            if fmt == "json":
+                import json
+
+                a, b = json.loads(by_record), json.loads(direct)
+                assert a.pop("ts")[:19] == b.pop("ts")[:19]
+                assert list(a.items()) == list(b.items())
+                assert a["role"] == "http"
+                assert a["request_id"] == "rid-1"
+            else:
+                assert by_record[8:] == direct[8:]  # after the HH:MM:SS stamp
+    finally:
+        REQUEST_ID.reset(token)
+
+
+def test_an_info_event_is_a_record_when_anything_else_would_see_it() -> None:
+    from service.core.logging import info_event
+
+    stream = installed_stream("json")
+    log = logging.getLogger("service.ingest")
+    seen: list[logging.LogRecord] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    capture = Capture()
+    logging.getLogger().addHandler(capture)
+    try:
+        info_event(log, "delivery", {"source": "s"})
+    finally:
+        logging.getLogger().removeHandler(capture)
+    assert [(r.getMessage(), r.source) for r in seen] == [("delivery", "s")]  # type: ignore[attr-defined]
+    assert '"event":"delivery"' in stream.getvalue()  # and the installed handler wrote it too
+
+    logging.getLogger("service").setLevel(logging.WARNING)
+    try:
+        info_event(log, "delivery", {"source": "quiet"})
+    finally:
+        logging.getLogger("service").setLevel(logging.NOTSET)
+    assert "quiet" not in stream.getvalue()
