@@ -36,7 +36,8 @@ ENV PATH="/app/.venv/bin:$PATH" \
 RUN mkdir -p /app/data /app/config && chown inbox:inbox /app/data /app/config
 USER 10001:10001
 EXPOSE 8000
-# No curl in a slim image: Python asks /healthz.
-HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+# No curl in a slim image: Python asks /healthz, on INBOX_PORT (a `-e INBOX_PORT=9000` moves
+# the server, so the check follows it). The start period covers the migrations `serve` applies.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('INBOX_PORT', '8000'), timeout=2)"]
 CMD ["webhook-inbox", "serve", "--host", "0.0.0.0"]

@@ -10,14 +10,14 @@ import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
 from service.commands import db_url as db_url_command
 from service.commands import inbox as inbox_commands
 from service.commands import send as send_command
-from service.commands.outcome import CommandError
+from service.commands.outcome import CommandError, Exit
 from service.core import tracing
 from service.core.db import create_engine, database_url, describe_url
 from service.core.logging import configure_logging
@@ -25,6 +25,7 @@ from service.core.metrics import Metrics
 from service.core.settings import ConfigError, Settings, format_validation_error
 from service.processing.pipeline import Pipeline, resolve_pipelines
 from service.sources.config_file import InboxConfig, load_inbox_config
+from service.store.errors import StoreUnavailable, login_refusal
 from service.worker.retention import PruneReport, prune
 
 log = logging.getLogger("service.cli")
@@ -193,11 +194,25 @@ def describe_prune(report: PruneReport) -> str:
     return line
 
 
+def unreachable(command: str, settings: Settings, exc: Exception) -> NoReturn:
+    """Exit 3 with one line, as the operator commands do, when the database cannot be reached
+    or refuses the login; any other error goes on as it is."""
+    reason = str(exc) if isinstance(exc, StoreUnavailable) else login_refusal(exc)
+    if reason is None:
+        raise exc
+    where = describe_url(settings.database_url) if settings.database_url else "embedded"
+    print(f"webhook-inbox {command}: database {where} is unavailable: {reason}", file=sys.stderr)
+    sys.exit(Exit.UNAVAILABLE)
+
+
 def serve(args: argparse.Namespace) -> None:
     from service.serve import serve as run
 
     settings, inbox, _ = load(role="supervisor")
-    run(args, settings, inbox)
+    try:
+        run(args, settings, inbox)
+    except Exception as exc:
+        unreachable("serve", settings, exc)
 
 
 def run_on_fast_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -258,12 +273,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         settings, _, _ = load(settings_only=True)
         url = database_url(settings)
-        asyncio.run(migrate(url, settings))
+        try:
+            asyncio.run(migrate(url, settings))
+        except Exception as exc:
+            unreachable("migrate", settings, exc)
         print(f"migrated {describe_url(url)} to head")
     elif args.command == "prune":
         settings, inbox, _ = load()
         url = database_url(settings)
-        print(describe_prune(asyncio.run(prune_once(url, settings, inbox))))
+        try:
+            report = asyncio.run(prune_once(url, settings, inbox))
+        except Exception as exc:
+            unreachable("prune", settings, exc)
+        print(describe_prune(report))
     else:  # pragma: no cover - argparse refuses unknown commands
         sys.exit(2)
 

@@ -28,6 +28,7 @@ from service.core.metrics import MULTIPROCESS_ENV
 from service.core.migrations import upgrade
 from service.core.settings import Settings
 from service.sources.config_file import InboxConfig
+from service.store.errors import translate_errors
 from service.supervisor import Role, Supervisor
 
 log = logging.getLogger("service.serve")
@@ -67,9 +68,11 @@ def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
 
 
 async def migrate(url: str, settings: Settings) -> None:
+    """Apply the migrations; a database that cannot be reached raises `StoreUnavailable`."""
     engine = create_engine(url, settings)
     try:
-        await upgrade(engine)
+        async with translate_errors():
+            await upgrade(engine)
     finally:
         await engine.dispose()
 

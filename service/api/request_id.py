@@ -1,4 +1,10 @@
-"""A request id for every HTTP request: taken from `X-Request-Id` or made, logged, echoed back."""
+"""A request id for every HTTP request: taken from `X-Request-Id` or made, logged, echoed back.
+
+Written here rather than taken from asgi-correlation-id: the ingest path runs before any
+middleware (`service.api.ingest.serve_ingest`, measured with bench/ingest), so a middleware
+library would cover only the other routes and ingest would still need `request_id_of`. The
+library's default also replaces every id that is not a UUID4, which most proxies' ids are not.
+"""
 
 from __future__ import annotations
 

@@ -88,6 +88,24 @@ def is_unavailable(exc: BaseException) -> bool:
     return False
 
 
+# The server refused the connection itself: a wrong role, password or database name.
+_LOGIN_REFUSALS = (
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+    asyncpg.exceptions.InvalidCatalogNameError,
+)
+
+
+def login_refusal(exc: BaseException) -> str | None:
+    """The server's one line when `exc` is its refusal of the connection itself (a wrong role,
+    password or database name: no retry helps), else None."""
+    error: BaseException | None = exc
+    while error is not None:
+        if isinstance(error, _LOGIN_REFUSALS):
+            return str(error).splitlines()[0][:200]
+        error = error.orig if isinstance(error, DBAPIError) else error.__cause__
+    return None
+
+
 @asynccontextmanager
 async def translate_errors() -> AsyncIterator[None]:
     """Turn the driver's "database unreachable" errors into `StoreUnavailable`."""

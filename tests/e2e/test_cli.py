@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_runner import Ran
+from tests.pg import with_database
 from tests.send_sources import SENDABLE, SOURCES_TOML
 from tests.server import ServerProcess
 
@@ -55,6 +56,31 @@ def test_serve_refuses_a_config_path_that_names_no_file_with_one_line(
     (tmp_path / "a-directory").mkdir()
     path = tmp_path / name
     assert serve_refusing(path).startswith(f"config error: {path}: {expected}")
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["prune"], ["serve", "--no-worker"]])
+def test_an_unreachable_database_stops_the_command_with_one_line_and_status_3(
+    command: list[str], tmp_path: Path
+) -> None:
+    (tmp_path / "inbox.toml").write_text("")
+    url = "postgresql://inbox:s3cret-pw@127.0.0.1:1/inbox"  # nothing listens on port 1
+    ran = webhook_inbox(*command, env={"DATABASE_URL": url}, cwd=tmp_path)
+    assert ran.status == 3, ran.err
+    (line,) = ran.err.strip().splitlines()  # no traceback
+    assert line.startswith(
+        f"webhook-inbox {command[0]}: database postgresql://inbox:***@127.0.0.1:1/inbox "
+        "is unavailable: ConnectionRefusedError"
+    )
+
+
+def test_a_database_that_refuses_the_login_stops_migrate_with_one_line(
+    pg_server: str, tmp_path: Path
+) -> None:
+    url = with_database(pg_server, "no_such_database")
+    ran = webhook_inbox("migrate", env={"DATABASE_URL": url}, cwd=tmp_path)
+    assert ran.status == 3, ran.err
+    (line,) = ran.err.strip().splitlines()
+    assert line.endswith('is unavailable: database "no_such_database" does not exist')
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["migrate"]])

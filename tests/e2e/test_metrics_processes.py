@@ -76,7 +76,9 @@ async def test_metrics_sum_two_http_processes_and_the_processing_one(
         "PYTHONPATH": str(ROOT),
     }
     args = ["serve", "--workers", "2", "--worker-processes", "1", "--port", "{port}"]
-    with ServerProcess(env, tmp_path, args=args, startup_timeout=60) as server:
+    # Three children import the service at once: at a load average of 10 the processing one
+    # logged its first line 36 s after it started, and the HTTP ones had not answered at 60 s.
+    with ServerProcess(env, tmp_path, args=args, startup_timeout=120) as server:
         await wait_listening(db, 1)
         # Rounds until both HTTP processes have taken deliveries (the kernel picks which
         # process accepts each connection, and a loaded machine can starve one for a while).

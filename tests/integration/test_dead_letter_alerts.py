@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from service.store.dead_letter_alerts import claim_notices, last_attempt_id
 from service.worker.dead_letter_alerts import alert_pass, target_key
 from service.worker.runtime import run_worker
 from tests.conftest import AppFactory
-from tests.http_server import scripted_server
+from tests.http_server import HANG, scripted_server
 from tests.processing_helpers import (
     WORKER_SETTINGS,
     create_effects,
@@ -203,3 +204,57 @@ async def test_two_processes_passing_at_once_send_one_notice(
     assert sorted(counts) == [0, 0, 0, 1]
     (notice,) = endpoint.requests
     assert "2 messages of source `hooks` went dead" in json.loads(notice.body)["text"]
+
+
+async def test_a_webhook_that_never_answers_holds_up_no_processing_and_is_logged(
+    database_url: str,
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="service.alerts")
+    await create_effects(db)
+    raw: dict[str, Any] = {
+        "sources": {
+            "hooks": source("tests.handlers:always_fail", max_attempts=1),
+            "fine": source("tests.handlers:record"),
+        }
+    }
+    async with scripted_server((HANG, {}), (HANG, {})) as hanging, client_for(raw) as client:
+        raw["alerts"] = {
+            "webhooks": [hanging.url],
+            "interval_seconds": 1,
+            "timeout_seconds": 15,
+            "send_attempts": 1,
+        }
+        inbox = parse_inbox_config(raw)
+        settings = Settings(database_url=database_url, **WORKER_SETTINGS)
+        stop = asyncio.Event()
+        worker = asyncio.create_task(
+            run_worker(settings, database_url, resolve_pipelines(inbox), stop, retention=inbox)
+        )
+        try:
+            await wait_until(db, "SELECT count(*) FROM inbox_alert_watermarks", 2, 30)
+            await kill(client, db, "h1")
+            async with asyncio.timeout(30):
+                await hanging.arrived.wait()  # the notice's POST is held open from here on
+            for n in range(5):
+                await client.post("/webhooks/fine", content=b"{}", headers=delivery(f"f{n}"))
+            # All five are processed while the webhook still holds the notice (15 s timeout).
+            await wait_until(
+                db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 5, 12
+            )
+            assert len(hanging.requests) == 1
+            assert "dead-letter alert failed" not in caplog.text  # the POST is still open
+            async with asyncio.timeout(30):
+                while not any(r.getMessage() == "dead-letter alert failed" for r in caplog.records):
+                    await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await worker
+    failed = [r for r in caplog.records if r.getMessage() == "dead-letter alert failed"]
+    assert failed[0].source == "hooks"  # type: ignore[attr-defined]
+    assert failed[0].count == 1  # type: ignore[attr-defined]
+    assert "Timeout" in failed[0].error  # type: ignore[attr-defined]
+    assert failed[0].target == target_key(hanging.url)  # type: ignore[attr-defined]
+    assert hanging.url not in caplog.text  # the URL is a secret: the logs name its hash

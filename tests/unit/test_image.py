@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -39,6 +40,17 @@ def test_the_image_is_pinned_non_root_healthchecked_and_without_the_embedded_dat
     assert "--all-extras" not in DOCKERFILE
     assert re.search(r"^USER 10001:10001$", DOCKERFILE, re.M)
     assert re.search(r"^HEALTHCHECK .*\n\s+CMD \[\"python\"", DOCKERFILE, re.M)
+
+
+def test_the_healthcheck_asks_the_port_the_server_listens_on() -> None:
+    (check,) = re.findall(r"^HEALTHCHECK (.*)\n\s+CMD (\[.*\])$", DOCKERFILE, re.M)
+    options, command = check
+    assert "--start-period=" in options  # serve migrates before it answers
+    # serve listens on INBOX_PORT, which `docker run -e` may change: the check must follow it.
+    argv = json.loads(command)
+    assert argv[:2] == ["python", "-c"]
+    assert "os.environ.get('INBOX_PORT', '8000')" in argv[2]
+    assert ":8000/" not in argv[2]
 
 
 @pytest.mark.skipif(not (shutil.which("uv") or (ROOT / ".bootstrap/bin/uv").exists()), reason="uv")
