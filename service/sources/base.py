@@ -216,10 +216,14 @@ def check_token(delivery: RawDelivery, expected: str) -> None:
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    if len(keys) != len(set(keys)):
+    parsed = dict(pairs)
+    if len(parsed) != len(pairs):
         raise ValueError("duplicate key in JSON object")
-    return dict(pairs)
+    return parsed
+
+
+# One decoder for every body: json.loads with a hook builds a new JSONDecoder on every call.
+_STRICT_JSON = json.JSONDecoder(object_pairs_hook=_reject_duplicate_keys)
 
 
 def parse_json(body: bytes) -> Any:
@@ -228,8 +232,10 @@ def parse_json(body: bytes) -> Any:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadDelivery("body is not valid UTF-8") from exc
+    if text.startswith("\ufeff"):  # what json.loads refuses before decoding
+        raise BadDelivery("body is not valid JSON: it starts with a byte order mark")
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+        return _STRICT_JSON.decode(text)
     except RecursionError as exc:
         raise BadDelivery("body JSON is nested too deeply") from exc
     except ValueError as exc:
