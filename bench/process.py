@@ -38,8 +38,13 @@ SOURCES_TOML = """
 [sources.bench]
 kind = "generic"
 id_header = "X-Message-Id"
-handlers = ["bench.handlers:insert_row"]
+handlers = ["bench.handlers:{handler}"]
 """
+
+# The handler styles a drain can run, each writing one bench_effects row per message:
+# `execute`: `await ctx.session.execute(INSERT ...)`, a statement and a round trip each;
+# `add`: `ctx.session.add(BenchEffect(...))`, flushed once per batch as one multi-row INSERT.
+HANDLERS = {"execute": "insert_row", "add": "add_row"}
 
 # 20,000 pending messages in one statement, the way ingest would have stored them (a JSON body
 # of the usual size, its headers), then one NOTIFY as ingest sends per batch.
@@ -61,6 +66,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--messages", type=int, default=20_000, help="backlog size (20000)")
     parser.add_argument("--workers", default="1,2", help="worker process counts to run (1,2)")
+    parser.add_argument(
+        "--handlers",
+        default="execute,add",
+        help="handler styles the drains run, each in every round: execute (one INSERT "
+        "statement per message) and add (ctx.session.add, one flush per batch) (execute,add); "
+        "the latency runs use the first",
+    )
     parser.add_argument(
         "--rates",
         default="1000,1500,2000,2500",
@@ -95,13 +107,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.messages, args.duration, args.warmup, args.rounds = 5_000, 5.0, 1.0, 1
     args.workers = [int(w) for w in args.workers.split(",") if w]
+    args.handlers = [h for h in args.handlers.split(",") if h]
+    unknown = set(args.handlers) - set(HANDLERS)
+    if unknown or not args.handlers:
+        parser.error(f"--handlers: choose among {', '.join(HANDLERS)}")
     args.rates = [float(r) for r in args.rates.split(",") if r]
     return args
 
 
-def service_env(url: str, work: Path, log_level: str) -> dict[str, str]:
-    config = work / "sources.toml"
-    config.write_text(SOURCES_TOML)
+def service_env(url: str, work: Path, log_level: str, handler: str) -> dict[str, str]:
+    config = work / f"sources-{handler}.toml"
+    config.write_text(SOURCES_TOML.format(handler=HANDLERS[handler]))
     return {
         "DATABASE_URL": url,
         "INBOX_CONFIG": str(config),
@@ -225,6 +241,7 @@ def start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
 @dataclass
 class DrainRun:
     workers: int
+    handler: str  # a key of HANDLERS
     messages: int
     seconds: float
     rate: float
@@ -242,11 +259,12 @@ def run_drain(
     work: Path,
     workers: int,
     messages: int,
+    handler: str,
     profile: bool = False,
 ) -> DrainRun:
     asyncio.run(prepare(url))
     command = [*console_script("webhook-inbox"), "worker"]
-    log = (work / f"worker-{workers}.log").open("ab")
+    log = (work / f"worker-{workers}-{handler}.log").open("ab")
     procs = [
         subprocess.Popen(command, env={**os.environ, **env}, cwd=ROOT, stdout=log, stderr=log)
         for _ in range(workers)
@@ -256,7 +274,8 @@ def run_drain(
         asyncio.run(wait_for_listeners(url, workers))
         for sampler in samplers:
             sampler.start()
-        spy = start_py_spy(procs[0].pid, work / f"profile-{workers}.txt") if profile else None
+        profile_out = work / f"profile-{workers}-{handler}.txt"
+        spy = start_py_spy(procs[0].pid, profile_out) if profile else None
         cpu_before = [sum(s.process.cpu_times()[:2]) for s in samplers]
         pg_before = pg.cpu_seconds()
         committed = asyncio.run(insert_backlog(url, messages, f"drain{workers}-"))
@@ -268,7 +287,7 @@ def run_drain(
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
-            print(analyse(work / f"profile-{workers}.txt"), flush=True)
+            print(analyse(profile_out), flush=True)
         if not drained:
             raise RuntimeError(f"{workers} worker(s) did not drain the backlog in 600 s")
         span = asyncio.run(drain_span(url, committed))
@@ -286,6 +305,7 @@ def run_drain(
     seconds = span["last"] - committed
     return DrainRun(
         workers=workers,
+        handler=handler,
         messages=messages,
         seconds=seconds,
         rate=messages / seconds,
@@ -326,23 +346,34 @@ def median(values: list[float]) -> float:
     return (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def one_worker_rates(drains: list[DrainRun]) -> dict[str, list[float]]:
+    """msgs/s of the one-worker drains, by handler style, in HANDLERS order."""
+    rates: dict[str, list[float]] = {}
+    for handler in HANDLERS:
+        found = [d.rate for d in drains if d.workers == 1 and d.handler == handler]
+        if found:
+            rates[handler] = found
+    return rates
+
+
 def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]]]) -> str:
     """Medians over the rounds: one worker process against pgqueuer, run in the same rounds."""
-    one = [d.rate for d in drains if d.workers == 1]
-    if not one or not any(pgq.values()):
+    ones = one_worker_rates(drains)
+    if not ones or not any(pgq.values()):
         return ""
     lines = [
         "",
         "drain medians over rounds  runs  msgs/s (each run)                 CPU s   RSS MB",
         "-------------------------  ----  --------------------------------  ------  ------",
     ]
-    runs = [d for d in drains if d.workers == 1]
-    lines.append(
-        f"{'webhook-inbox, 1 worker':<25}  {len(one):>4}  {median(one):>6.0f} "
-        f"({', '.join(f'{r:.0f}' for r in one)})".ljust(74)
-        + f"  {median([d.cpu_seconds[0] for d in runs]):>6.1f}"
-        f"  {max(d.peak_rss_mb[0] for d in runs):>6.0f}"
-    )
+    for handler, one in ones.items():
+        runs = [d for d in drains if d.workers == 1 and d.handler == handler]
+        lines.append(
+            f"{'webhook-inbox, 1, ' + handler:<25}  {len(one):>4}  {median(one):>6.0f} "
+            f"({', '.join(f'{r:.0f}' for r in one)})".ljust(74)
+            + f"  {median([d.cpu_seconds[0] for d in runs]):>6.1f}"
+            f"  {max(d.peak_rss_mb[0] for d in runs):>6.0f}"
+        )
     for mode, results in pgq.items():
         if not results:
             continue
@@ -354,10 +385,15 @@ def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]
             f"  {max(r['peak_rss_mb'] for r in results):>6.0f}"
             + ("" if all(r["ok"] for r in results) else "  INCOMPLETE")
         )
-    for mode, results in pgq.items():
-        if results:
-            ratio = median(one) / median([r["rate"] for r in results])
-            lines.append(f"webhook-inbox / pgqueuer {mode}: {ratio:.2f}x")
+    for handler, one in ones.items():
+        for mode, results in pgq.items():
+            if results:
+                ratio = median(one) / median([r["rate"] for r in results])
+                lines.append(f"webhook-inbox {handler} handler / pgqueuer {mode}: {ratio:.2f}x")
+    lines.append(
+        "handlers: execute = ctx.session.execute(INSERT) per message; add = ctx.session.add(row), "
+        "flushed once per batch"
+    )
     return "\n".join(lines)
 
 
@@ -520,14 +556,15 @@ async def stored_ids(url: str, prefix: str) -> set[str]:
 
 def render(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:
     lines = [
-        "drain   messages  seconds   msgs/s  first claim  worker CPU s  postgres CPU s  "
+        "drain   handler  messages  seconds   msgs/s  first claim  worker CPU s  postgres CPU s  "
         "peak RSS MB  exactly-once",
-        "------  --------  -------  -------  -----------  ------------  --------------  "
+        "------  -------  --------  -------  -------  -----------  ------------  --------------  "
         "-----------  ------------",
     ]
     for d in drains:
         lines.append(
-            f"{d.workers} proc{'s' if d.workers > 1 else ' '} {d.messages:>9}  {d.seconds:>7.2f}"
+            f"{d.workers} proc{'s' if d.workers > 1 else ' '}  {d.handler:<7}"
+            f"{d.messages:>9}  {d.seconds:>7.2f}"
             f"  {d.rate:>7.0f}  {d.first_claim_ms:>8.0f} ms"
             f"  {'+'.join(f'{c:.1f}' for c in d.cpu_seconds):>12}"
             f"  {'-' if d.pg_cpu_seconds is None else f'{d.pg_cpu_seconds:.1f}':>14}"
@@ -585,18 +622,21 @@ def targets(
     def line(ok: bool, what: str, measured: str) -> None:
         lines.append(f"  {'PASS' if ok else 'FAIL'}  {what:<52} {measured}")
 
-    one = [d.rate for d in drains if d.workers == 1]
-    if one:
-        line(median(one) >= 3000, ">= 3000 msgs/s with one worker process", f"{median(one):.0f}")
-    for mode, factor in (("noop", 1.0), ("insert", 2.0)):
-        runs = (pgq or {}).get(mode, [])
-        if one and runs:
-            base = median([r["rate"] for r in runs])
-            line(
-                median(one) >= factor * base,
-                f"1 worker >= {factor:g}x pgqueuer {mode} (same run)",
-                f"{median(one):.0f} vs {base:.0f} = {median(one) / base:.2f}x",
-            )
+    for handler, one in one_worker_rates(drains).items():
+        line(
+            median(one) >= 3000,
+            f">= 3000 msgs/s with one worker process, {handler}",
+            f"{median(one):.0f}",
+        )
+        for mode, factor in (("noop", 1.0), ("insert", 2.0)):
+            runs = (pgq or {}).get(mode, [])
+            if runs:
+                base = median([r["rate"] for r in runs])
+                line(
+                    median(one) >= factor * base,
+                    f"1 worker, {handler} >= {factor:g}x pgqueuer {mode} (same run)",
+                    f"{median(one):.0f} vs {base:.0f} = {median(one) / base:.2f}x",
+                )
     at_1000 = [x for x in latencies if x["load"]["target_rate"] == 1000]
     for latency in at_1000:
         load, db = latency["load"], latency["db_latency_ms"]
@@ -635,7 +675,8 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         settings = asyncio.run(pg.settings())
         url = asyncio.run(pg.create_database("bench_process"))
-        env = service_env(url, work, args.log_level)
+        envs = {h: service_env(url, work, args.log_level, h) for h in args.handlers}
+        env = envs[args.handlers[0]]
         subprocess.run(
             [*console_script("webhook-inbox"), "migrate"],
             env={**os.environ, **env},
@@ -644,7 +685,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         drains: list[DrainRun] = []
         pgq: dict[str, list[dict[str, Any]]] = {mode: [] for mode in PGQUEUER_MODES}
-        turns: list[int | str] = [*args.workers, *([] if args.no_pgqueuer else PGQUEUER_MODES)]
+        turns: list[tuple[int, str] | str] = [
+            *((w, h) for w in args.workers for h in args.handlers),
+            *([] if args.no_pgqueuer else PGQUEUER_MODES),
+        ]
         for round_ in range(args.rounds):
             shift = round_ % len(turns)
             for turn in turns[shift:] + turns[:shift]:
@@ -653,12 +697,17 @@ def main(argv: list[str] | None = None) -> None:
                     pgq[turn].append(run_pgqueuer(url, args.messages, turn))
                     print(f"  {pgq[turn][-1]['rate']:.0f} jobs/s", flush=True)
                     continue
+                workers, handler = turn
                 print(
-                    f"round {round_ + 1}: draining {args.messages} messages with {turn} "
-                    "worker process(es)",
+                    f"round {round_ + 1}: draining {args.messages} messages with {workers} "
+                    f"worker process(es), {handler} handler",
                     flush=True,
                 )
-                drains.append(run_drain(pg, url, env, work, turn, args.messages, args.profile))
+                drains.append(
+                    run_drain(
+                        pg, url, envs[handler], work, workers, args.messages, handler, args.profile
+                    )
+                )
                 print(f"  {drains[-1].rate:.0f} msgs/s", flush=True)
         latencies = []
         for rate in [] if args.skip_latency else args.rates:

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import func, select, text
+from sqlmodel import Field, SQLModel
 
 from service import HandlerContext, InboxMessage, PermanentFailure, RetryLater
 
@@ -142,3 +143,48 @@ async def stuck_in_database(message: InboxMessage, ctx: HandlerContext) -> None:
     await record(message, ctx)
     if message.message_id.startswith("stuck"):
         await ctx.session.execute(text("SELECT pg_sleep(3600)"))
+
+
+class Effect(SQLModel, table=True):
+    """`effects` as a SQLModel table, for handlers that stage rows with `ctx.session.add`."""
+
+    __tablename__ = "effects"
+
+    id: int | None = Field(default=None, primary_key=True)
+    inbox_id: int
+    source: str | None  # NOT NULL in the table: None makes the flush fail
+    message_id: str
+    attempt: int
+
+
+async def add_effect_null_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Stages its row with `add` (flushed later, by the inbox); for ids starting with "bad" the
+    row breaks a NOT NULL constraint, so the flush fails, not the handler. Calls are counted in
+    `state["calls"]`."""
+    state.setdefault("calls", []).append(message.message_id)
+    source = None if message.message_id.startswith("bad") else message.source
+    ctx.session.add(
+        Effect(
+            inbox_id=message.id,
+            source=source,
+            message_id=message.message_id,
+            attempt=message.attempt,
+        )
+    )
+
+
+async def add_then_count(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Stages a row with `add`, then counts the rows: it must see every row staged before it in
+    the batch (`state["seen"]`)."""
+    ctx.session.add(
+        Effect(
+            inbox_id=message.id,
+            source=message.source,
+            message_id=message.message_id,
+            attempt=message.attempt,
+        )
+    )
+    # An ORM statement: the session flushes the rows staged before it first (autoflush).
+    count = select(func.count()).select_from(Effect)
+    seen = (await ctx.session.execute(count)).scalar_one()
+    state.setdefault("seen", []).append(seen)

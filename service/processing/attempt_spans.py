@@ -8,7 +8,7 @@ from service.core import tracing
 from service.processing.forward import forward_message
 from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
-from service.processing.runner import run_handlers
+from service.processing.runner import BatchDeadline, run_handlers
 from service.sources.config import SourceConfig
 from service.store.claims import AttemptResult, MessageRow, MessageSavepoints
 
@@ -24,15 +24,26 @@ async def run_handlers_traced(
     row: MessageRow,
     *,
     isolated: bool = True,
+    deadline: BatchDeadline | None = None,
+    defer_flush: bool = False,
 ) -> tuple[AttemptResult, BaseException | None]:
     """`run_handlers` inside the attempt's span, so the handlers' own calls are its children."""
+    run = run_handlers(
+        session,
+        savepoints,
+        pipeline,
+        row,
+        isolated=isolated,
+        deadline=deadline,
+        defer_flush=defer_flush,
+    )
     if not tracing.enabled():
-        return await run_handlers(session, savepoints, pipeline, row, isolated=isolated)
+        return await run
     names = handler_names(pipeline, row.event_type)
     with tracing.attempt_span(
         row.source, row.message_id, row.id, row.attempts + 1, names, row.trace_context
     ) as span:
-        result, exc = await run_handlers(session, savepoints, pipeline, row, isolated=isolated)
+        result, exc = await run
         if span is not None:
             span.finished(result.outcome, describe(result))
     return result, exc

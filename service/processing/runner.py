@@ -131,6 +131,76 @@ async def run_within(
     raise timed_out(limit) from (None if task.cancelled() else task.exception())
 
 
+class BatchDeadline:
+    """The time limit of each message run inline in an optimistic batch (no task per message).
+
+    Past a message's limit, the statement running on the batch's connection, if any, is
+    cancelled on the server; if the handlers have not failed of that within
+    CANCEL_GRACE_SECONDS, the batch's own task is cancelled. Either way the message fails with
+    `HandlerTimeout`. Cancelling the task may cost the connection: harmless here, since a
+    failure in an optimistic batch rolls its whole transaction back and the batch runs again
+    isolated, its timed-out message recorded without running again.
+    """
+
+    def __init__(self, savepoints: MessageSavepoints) -> None:
+        self._savepoints = savepoints
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._run = 0  # which message's run a timer or stopper belongs to
+        self._expired = False
+        self._cancelled_task = False
+        self._stopper: asyncio.Task[None] | None = None
+
+    async def run(self, limit: float, work: Coroutine[Any, Any, None]) -> None:
+        """Await `work` inline; `HandlerTimeout` if it outlives `limit`."""
+        self._run += 1
+        self._expired = self._cancelled_task = False
+        timer = self._loop.call_later(limit, self._expire, self._run)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not self._cancelled_task:
+                raise  # our own cancellation (shutdown): the handlers go with us
+            raise timed_out(limit) from None
+        except Exception as exc:
+            if self._expired:
+                raise timed_out(limit) from exc
+            raise
+        finally:
+            self._run += 1  # a stopper still under way now does nothing
+            timer.cancel()
+            if self._cancelled_task and self._task is not None:
+                self._task.uncancel()
+        if self._expired:
+            raise timed_out(limit)
+
+    def _expire(self, run: int) -> None:
+        if run == self._run:
+            self._expired = True
+            self._stopper = asyncio.ensure_future(self._cancel_then_stop(run))
+
+    async def _cancel_then_stop(self, run: int) -> None:
+        try:
+            await self._savepoints.cancel_statement()
+        except Exception as exc:
+            log.warning(
+                "could not cancel a timed-out handler's statement",
+                extra={"error": f"{type(exc).__name__}: {exc}"},
+            )
+        if run != self._run:
+            return
+        await asyncio.sleep(CANCEL_GRACE_SECONDS)
+        if run == self._run and self._task is not None:
+            self._cancelled_task = True
+            self._task.cancel()
+
+    async def close(self) -> None:
+        """Wait for a stopper still under way (at most its cancel request and its sleep)."""
+        if self._stopper is not None and not self._stopper.done():
+            self._stopper.cancel()
+            await asyncio.gather(self._stopper, return_exceptions=True)
+
+
 async def run_handlers(
     session: HandlerSession,
     savepoints: MessageSavepoints,
@@ -138,6 +208,8 @@ async def run_handlers(
     row: MessageRow,
     *,
     isolated: bool = True,
+    deadline: BatchDeadline | None = None,
+    defer_flush: bool = False,
 ) -> tuple[AttemptResult, BaseException | None]:
     """Run every matching handler in a savepoint; keep their effects (released) or undo them.
 
@@ -149,6 +221,11 @@ async def run_handlers(
     `isolated=False`: no savepoint (one round trip less per message). A failure then leaves
     the transaction holding its effects, or aborted, so the caller must roll the whole
     transaction back and not write anything more in it.
+
+    `deadline` (with `isolated=False`, the worker's optimistic batch): the handlers run inline
+    under it, not in a task of their own. `defer_flush`: their staged effects are not flushed
+    here; the caller flushes `session` once for the batch (same-table INSERTs then go out as
+    one multi-row statement), and must treat a failing flush as a failure of the batch.
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
@@ -174,7 +251,10 @@ async def run_handlers(
     try:
         session._handler_running = True
         try:
-            await run_within(limit, call_handlers(handlers, message, ctx), savepoints)
+            if deadline is None:
+                await run_within(limit, call_handlers(handlers, message, ctx), savepoints)
+            else:
+                await deadline.run(limit, call_handlers(handlers, message, ctx))
         except DBAPIError as exc:
             if sqlstate(exc) == QUERY_CANCELED:  # the savepoint's statement_timeout
                 raise timed_out(limit) from exc
@@ -191,7 +271,8 @@ async def run_handlers(
             raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
         # Flush, not commit: joined "rollback_only", a commit would only flush too, and then
         # end the session's transaction for the next message to begin again.
-        await session.flush()
+        if not defer_flush and not session.sync_session._is_clean():
+            await session.flush()
         if isolated:
             savepoints.release()  # kept by the batch's COMMIT
     except Exception as exc:
@@ -217,7 +298,8 @@ async def run_handlers(
         return failed_attempt(row.id, attempt, failure, started, datetime.now(UTC)), exc
     finally:
         session._commit_refused = False
-        session.expunge_all()
+        if deadline is None and session.sync_session.identity_map:
+            session.expunge_all()
     return AttemptResult(
         row.id, attempt, Status.PROCESSED, "processed", started, datetime.now(UTC)
     ), None

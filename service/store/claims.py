@@ -10,7 +10,6 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import text
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.schema import DUE, Status
@@ -154,30 +153,28 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
 # LOCKED: rows another worker holds are not waited for, so concurrent workers (threads or
 # processes) take disjoint batches. Ordered on the partial due index (0001). A message whose
 # last attempt never finished (`run_alone`) is claimed only with `alone`, one at a time.
-CLAIM_DUE = text(
-    """
+CLAIM_DUE = """
     WITH due AS (
         SELECT id
           FROM inbox_messages
          WHERE status IN ('pending', 'retrying')
            AND next_attempt_at <= now()
-           AND source = ANY(CAST(:sources AS text[]))
-           AND run_alone = :alone
+           AND source = ANY($1::text[])
+           AND run_alone = $4
          ORDER BY next_attempt_at, id
-         LIMIT :limit
+         LIMIT $3
            FOR UPDATE SKIP LOCKED
     )
     UPDATE inbox_messages AS m
        SET status = 'processing',
            attempts = m.attempts + 1,
            locked_until = clock_timestamp() + l.lease * interval '1 second'
-      FROM due, unnest(CAST(:sources AS text[]), CAST(:leases AS float8[])) AS l(source, lease)
+      FROM due, unnest($1::text[], $2::float8[]) AS l(source, lease)
      WHERE m.id = due.id
        AND m.source = l.source
     RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
               m.headers, m.body, m.content_type, m.trace_context, m.budget_start
-    """
-).columns(headers=JSONB, trace_context=JSONB)
+"""
 
 
 async def claim_due(
@@ -185,32 +182,32 @@ async def claim_due(
 ) -> list[MessageRow]:
     """Lease up to `limit` due messages of the sources in `leases` (seconds each), in id order.
 
-    Committed at once (one autocommitted statement): the attempts count up by one before
-    anything runs. `alone`: claim among the messages whose last attempt never finished.
+    Committed at once (one statement outside any transaction): the attempts count up by one
+    before anything runs. `alone`: claim among the messages whose last attempt never finished.
+    Sent on the driver connection: the batch's rows are built straight from asyncpg's records
+    (its JSONB codec, set up by the dialect, decodes `headers`), not through SQLAlchemy's
+    result rows.
     """
-    params = {
-        "sources": list(leases),
-        "leases": list(leases.values()),
-        "limit": limit,
-        "alone": alone,
-    }
     async with translate_errors(), engine.connect() as conn:
-        autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
-        rows = (await autocommit.execute(CLAIM_DUE, params)).all()
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert isinstance(driver, asyncpg.Connection)
+        # No BEGIN has been sent on `conn` (nothing ran through it): the statement autocommits.
+        records = await driver.fetch(CLAIM_DUE, list(leases), list(leases.values()), limit, alone)
     claimed = [
         MessageRow(
-            id=r.id,
-            source=r.source,
-            message_id=r.message_id,
-            event_type=r.event_type,
-            attempts=r.attempts,
-            headers=r.headers or {},
-            body=bytes(r.body),
-            content_type=r.content_type,
-            trace_context=r.trace_context,
-            budget_start=r.budget_start,
+            id=r[0],
+            source=r[1],
+            message_id=r[2],
+            event_type=r[3],
+            attempts=r[4],
+            headers=r[5] or {},
+            body=r[6],
+            content_type=r[7],
+            trace_context=r[8],
+            budget_start=r[9],
         )
-        for r in rows
+        for r in records
     ]
     claimed.sort(key=lambda row: row.id)
     return claimed

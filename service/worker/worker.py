@@ -19,9 +19,10 @@ from service.core.metrics import Metrics
 from service.core.settings import Settings
 from service.processing.attempt_spans import forward_message_traced, run_handlers_traced
 from service.processing.forward import lease_seconds
+from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
 from service.processing.policy import failed_attempt, retry_failure
-from service.processing.runner import handler_scope
+from service.processing.runner import BatchDeadline, handler_scope
 from service.sources.config_file import InboxConfig
 from service.store.claims import (
     AttemptResult,
@@ -75,11 +76,16 @@ class WorkerOptions:
 
 
 class _OptimisticRunFailed(Exception):
-    """A handler failed in a batch run without savepoints: the batch's transaction rolls
-    back, and the batch runs again isolated."""
+    """A handler failed in a batch run without savepoints, or the batch's one flush of the
+    staged effects did (`row` None: no message to blame): the batch's transaction rolls back,
+    and the batch runs again isolated."""
 
-    def __init__(self, row: MessageRow, result: AttemptResult) -> None:
-        super().__init__(f"message {row.id} failed in an optimistic batch")
+    def __init__(self, row: MessageRow | None, result: AttemptResult | None) -> None:
+        super().__init__(
+            "the staged effects' flush failed in an optimistic batch"
+            if row is None
+            else f"message {row.id} failed in an optimistic batch"
+        )
         self.row = row
         self.result = result
 
@@ -295,22 +301,33 @@ class Worker:
     async def _run_handlers(self, rows: list[MessageRow]) -> None:
         """Run Python handlers in one transaction: their effects commit with the outcomes.
 
-        Optimistically first: no savepoint per message, one round trip less each. When a
-        handler fails, the whole transaction rolls back (the effects of the messages before it
-        with it) and the batch runs again with a savepoint per message, its failed message
-        recorded without running a second time. A source whose batch fell back runs isolated
-        for `ISOLATE_AFTER_FAILURE_SECONDS`, so failing messages do not make every batch run
-        twice.
+        Optimistically first: no savepoint per message, one round trip less each, and the
+        effects staged with `ctx.session.add` flushed once at the end. When a handler fails,
+        the whole transaction rolls back (the effects of the messages before it with it) and
+        the batch runs again with a savepoint per message, its failed message recorded without
+        running a second time. When the one flush fails, no message is to blame yet: the batch
+        runs optimistically again with a flush per message, which names it (a failing flush of
+        an isolated message would roll back the session, and with it the whole batch). A
+        source whose batch fell back runs isolated for `ISOLATE_AFTER_FAILURE_SECONDS`, so
+        failing messages do not make every batch run twice.
         """
         if self._isolating(rows):
             await self._run_batch(rows, isolated=True)
             return
         try:
-            await self._run_batch(rows, isolated=False)
+            try:
+                await self._run_batch(rows, isolated=False, defer_flush=True)
+            except _OptimisticRunFailed as failed:
+                if failed.row is not None:
+                    raise
+                await self._run_batch(rows, isolated=False)
         except _OptimisticRunFailed as failed:
-            self._isolate_until[failed.row.source] = (
-                time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
-            )
+            until = time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
+            if failed.row is None or failed.result is None:  # cannot be, with a flush each
+                self._isolate_until.update((row.source, until) for row in rows)
+                await self._run_batch(rows, isolated=True)
+                return
+            self._isolate_until[failed.row.source] = until
             await self._run_batch(rows, isolated=True, failed=(failed.row, failed.result))
 
     def _isolating(self, rows: list[MessageRow]) -> bool:
@@ -322,6 +339,7 @@ class Worker:
         rows: list[MessageRow],
         *,
         isolated: bool,
+        defer_flush: bool = False,
         failed: tuple[MessageRow, AttemptResult] | None = None,
     ) -> None:
         """One transaction: hold the claims, run the handlers, record the outcomes, commit.
@@ -333,6 +351,7 @@ class Worker:
         async with batch_transaction(self.engine) as conn:
             held = await hold_claimed(conn, rows)
             async with handler_scope(conn) as (session, savepoints):
+                deadline = None if isolated else BatchDeadline(savepoints)
                 for row in rows:
                     if row.id not in held:
                         log.warning(
@@ -348,15 +367,37 @@ class Worker:
                         results.append(failed[1])
                         continue
                     result, exc = await run_handlers_traced(
-                        session, savepoints, self.pipelines[row.source], row, isolated=isolated
+                        session,
+                        savepoints,
+                        self.pipelines[row.source],
+                        row,
+                        isolated=isolated,
+                        deadline=deadline,
+                        defer_flush=defer_flush,
                     )
                     if exc is not None and not isolated:
                         raise _OptimisticRunFailed(row, result)
                     results.append(result)
+                if deadline is not None:
+                    await deadline.close()
+                if defer_flush:
+                    await self._flush_staged(session)
                 await savepoints.flush()
             await finish_attempts(conn, results, self.actor, leased=True)
         # Committed: effects and processed marks together.
         self._count(rows, results)
+
+    @staticmethod
+    async def _flush_staged(session: HandlerSession) -> None:
+        """The optimistic batch's effects staged with `ctx.session.add(...)`, in one flush."""
+        try:
+            await session.flush()
+        except Exception as exc:
+            log.warning(
+                "the batch's staged effects failed to flush; running it again isolated",
+                extra={"error": f"{type(exc).__name__}: {exc}"},
+            )
+            raise _OptimisticRunFailed(None, None) from exc
 
     async def _end_attempts(self, rows: list[MessageRow], exc: Exception) -> None:
         """The batch's transaction failed (the database, not a handler): end its attempts now

@@ -266,6 +266,53 @@ async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_on
     assert dict((r["outcome"], r["count"]) for r in outcomes) == {"processed": 4, "dead": 2}
 
 
+async def test_rows_staged_with_add_are_flushed_once_per_batch_and_a_failing_flush_isolates(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    """`ctx.session.add` rows of an optimistic batch go out in one flush at its end; when that
+    flush fails, no message is to blame, so the batch runs again with a flush per message,
+    which names the bad one; then isolated as after any failure: the others commit once."""
+    await create_effects(db)
+    await insert_messages(db, "good1", "bad1", "good2")
+    handlers.state["calls"] = []
+    cfg = config("tests.handlers:add_effect_null_on_bad", max_attempts=1)
+    try:
+        async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+            await wait_until(
+                db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 3
+            )
+            calls = list(handlers.state["calls"])
+    finally:
+        handlers.state.pop("calls", None)
+    assert calls == ["good1", "bad1", "good2", "good1", "bad1", "good1", "good2"]
+    effects = await db.fetch("SELECT message_id, attempt FROM effects ORDER BY message_id")
+    assert [(e["message_id"], e["attempt"]) for e in effects] == [("good1", 1), ("good2", 1)]
+    assert await status_of(db, "bad1") == "dead"
+    (attempt,) = await attempts_of(db, "bad1")
+    assert attempt["error_type"] == "sqlalchemy.exc.IntegrityError"
+    assert await status_of(db, "good1") == "processed"
+
+
+async def test_a_query_sees_the_rows_staged_with_add_before_it_in_the_batch(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    await insert_messages(db, "m1", "m2", "m3")
+    handlers.state["seen"] = []
+    try:
+        async with client_for(
+            config("tests.handlers:add_then_count"), run_worker=True, **WORKER_SETTINGS
+        ):
+            await wait_until(
+                db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 3
+            )
+            seen = list(handlers.state["seen"])
+    finally:
+        handlers.state.pop("seen", None)
+    assert seen == [1, 2, 3]
+    assert await db.fetchval("SELECT count(*) FROM effects") == 3
+
+
 async def test_a_hung_handler_times_out_and_is_retried_without_effect(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
