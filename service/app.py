@@ -15,8 +15,8 @@ from service.api import admin, console, docs, health, ingest, metrics
 from service.api.admin.cursor import cursor_key
 from service.api.problems import install_problem_handlers, unavailable
 from service.api.request_id import RequestIdMiddleware
-from service.api.security import ensure_admin_tokens
 from service.api.state import AppState
+from service.core.admin_tokens import ensure_admin_tokens
 from service.core.db import create_engine, database_url
 from service.core.metrics import Metrics
 from service.core.migrations import head_revision

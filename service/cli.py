@@ -10,23 +10,21 @@ import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from service.commands import db_url as db_url_command
 from service.commands import inbox as inbox_commands
 from service.commands import send as send_command
 from service.commands.outcome import CommandError, Exit
-from service.core import tracing
-from service.core.db import create_engine, database_url, describe_url
-from service.core.logging import configure_logging
-from service.core.metrics import Metrics
-from service.core.settings import ConfigError, Settings, format_validation_error
-from service.processing.pipeline import Pipeline, resolve_pipelines
-from service.sources.config_file import InboxConfig, load_inbox_config
-from service.store.errors import StoreUnavailable, login_refusal
-from service.worker.retention import PruneReport, prune
+
+# What a command needs is imported when it runs, not here: `--help` and `--version` answer
+# at once, and the supervisor and each child pay only for their own role (no admin API in a
+# processing process, no worker in `send`).
+if TYPE_CHECKING:
+    from service.core.settings import Settings
+    from service.processing.pipeline import Pipeline
+    from service.sources.config_file import InboxConfig
+    from service.worker.retention import PruneReport
 
 log = logging.getLogger("service.cli")
 
@@ -156,6 +154,14 @@ def load(
 
     `role` is stamped on every log line of this process (supervisor, http, processing, cli).
     """
+    from pydantic import ValidationError
+
+    from service.core import tracing
+    from service.core.logging import configure_logging
+    from service.core.settings import ConfigError, Settings, format_validation_error
+    from service.processing.pipeline import resolve_pipelines
+    from service.sources.config_file import InboxConfig, load_inbox_config
+
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
@@ -179,6 +185,9 @@ def load(
 
 
 async def prune_once(url: str, settings: Settings, inbox: InboxConfig) -> PruneReport:
+    from service.core.db import create_engine
+    from service.worker.retention import prune
+
     engine = create_engine(url, settings)
     try:
         return await prune(engine, inbox)
@@ -197,6 +206,9 @@ def describe_prune(report: PruneReport) -> str:
 def unreachable(command: str, settings: Settings, exc: Exception) -> NoReturn:
     """Exit 3 with one line, as the operator commands do, when the database cannot be reached
     or refuses the login; any other error goes on as it is."""
+    from service.core.db import describe_url
+    from service.store.errors import StoreUnavailable, login_refusal
+
     reason = str(exc) if isinstance(exc, StoreUnavailable) else login_refusal(exc)
     if reason is None:
         raise exc
@@ -228,6 +240,8 @@ def run_on_fast_loop(main: Coroutine[Any, Any, None]) -> None:
 
 
 def worker(args: argparse.Namespace) -> None:
+    from service.core.db import database_url, describe_url
+    from service.core.metrics import Metrics
     from service.worker import WorkerCrashed, run_worker
 
     settings, inbox, pipelines = load(
@@ -269,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "worker":
         worker(args)
     elif args.command == "migrate":
+        from service.core.db import database_url, describe_url
         from service.serve import migrate
 
         settings, _, _ = load(settings_only=True)
@@ -279,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             unreachable("migrate", settings, exc)
         print(f"migrated {describe_url(url)} to head")
     elif args.command == "prune":
+        from service.core.db import database_url
+
         settings, inbox, _ = load()
         url = database_url(settings)
         try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from service.api.head_limits import MAX_REQUEST_HEAD_BYTES
-from service.api.security import ensure_admin_tokens
+from service.core.admin_tokens import ensure_admin_tokens
 from service.core.db import EmbeddedPostgres, create_engine, describe_url
 from service.core.metrics import MULTIPROCESS_ENV
 from service.core.migrations import upgrade

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from service.commands.database import (
-    has_embedded_data,
-    operator_settings,
-    pgdata_of,
-    running_embedded_url,
-)
 from service.commands.outcome import CommandError, Exit
-from service.core.db import async_url, asyncpg_dsn
 
 DESCRIPTION = """
 Print the URL of the database the inbox uses, for your handlers' own tables: by default as
@@ -42,6 +35,15 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def run(args: argparse.Namespace) -> Exit:
+    # Imported here, not with the parser: `webhook-inbox --help` needs no SQLAlchemy.
+    from service.commands.database import (
+        has_embedded_data,
+        operator_settings,
+        pgdata_of,
+        running_embedded_url,
+    )
+    from service.core.db import async_url, asyncpg_dsn
+
     settings = operator_settings()
     url = settings.database_url or running_embedded_url(settings)
     if url is None:

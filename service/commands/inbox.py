@@ -1,44 +1,18 @@
-"""`messages`, `dead-letters` and `stats`: the admin API's reads and actions, from the shell.
+"""`messages`, `dead-letters` and `stats`: their arguments and help.
 
-Same store functions, same filters and validation, same JSON documents (`--json`) as the admin
-API; what differs is the cursor, which here is the readable position `<received_at>/<id>` of
-the last row shown (the shell already has the database, so there is nothing to sign).
+They run in `service/commands/admin.py`, imported only when one runs, so that `webhook-inbox
+--help` needs neither the admin API nor SQLAlchemy.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import getpass
-import socket
+import importlib
 import textwrap
-from collections.abc import Coroutine
-from dataclasses import asdict
-from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from service.api.admin.messages import detail_from_row, to_filter
-from service.api.admin.models import (
-    BulkRetryRequest,
-    BulkRetryResult,
-    DeadLetterGroup,
-    DeadLetterGroups,
-    DeadLetterQuery,
-    MessageQuery,
-    MessageSummary,
-    RetryResult,
-)
-from service.api.admin.operations import collect_stats
-from service.commands.database import operator_engine, operator_settings
-from service.commands.outcome import CommandError, Exit
-from service.commands.output import print_json
-from service.commands.views import describe_detail, groups_table, stats_table, summary_table
-from service.core.schema import Status
-from service.store import admin as store
-from service.store.admin import MessageFilter, Position
+from service.commands.outcome import Exit
+from service.core.status import Status
 
 DATABASE_HELP = """
 The database is DATABASE_URL's, or else the embedded PostgreSQL under INBOX_DATA_DIR (default
@@ -72,7 +46,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     add_filters(listing, statuses=True)
     add_paging(listing)
-    listing.set_defaults(run=lambda args: run(list_messages(args, "messages")))
+    listing.set_defaults(run=run("list_messages", "messages"))
 
     show = subcommand(
         actions,
@@ -83,7 +57,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     show.add_argument("id", type=inbox_id, help="the inbox row id (the ID column of `list`)")
     add_json(show)
-    show.set_defaults(run=lambda args: run(show_message(args)))
+    show.set_defaults(run=run("show_message"))
 
     for name, help_text, description in (
         (
@@ -113,7 +87,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         )
         action.add_argument("id", type=inbox_id, help="the inbox row id")
         add_json(action)
-        action.set_defaults(run=lambda args, name=name: run(change_message(args, name)))
+        action.set_defaults(run=run("change_message", name))
 
     bulk = subcommand(
         actions,
@@ -130,7 +104,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     bulk.add_argument("--dry-run", action="store_true", help="only count the matching messages")
     add_json(bulk)
-    bulk.set_defaults(run=lambda args: run(bulk_retry(args)))
+    bulk.set_defaults(run=run("bulk_retry"))
 
     dead = subcommand(
         commands,
@@ -149,7 +123,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="count them by the error type of their last failed attempt instead "
         "(GET /admin/dead-letters/groups; no paging)",
     )
-    dead.set_defaults(run=lambda args: run(list_dead_letters(args)))
+    dead.set_defaults(run=run("list_dead_letters"))
 
     stats = subcommand(
         commands,
@@ -159,7 +133,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "hour's attempts (GET /admin/stats).",
     )
     add_json(stats)
-    stats.set_defaults(run=lambda args: run(show_stats(args)))
+    stats.set_defaults(run=run("show_stats"))
 
 
 def subcommand(
@@ -237,188 +211,13 @@ def inbox_id(value: str) -> int:
     return number
 
 
-def run(command: Coroutine[Any, Any, Exit]) -> Exit:
-    return asyncio.run(command)
+def run(command: str, *bound: Any) -> Any:
+    """The `run` of a command: `service.commands.admin`'s coroutine `command`, called with the
+    parsed arguments and `bound`, on an event loop of its own."""
 
+    def run_command(args: argparse.Namespace) -> Exit:
+        admin = importlib.import_module("service.commands.admin")
+        status: Exit = admin.run(getattr(admin, command)(args, *bound))
+        return status
 
-def validated(model: type[BaseModel], values: dict[str, Any]) -> Any:
-    """`values` checked by the admin API's own query model: one line and exit 2 if refused."""
-    try:
-        return model.model_validate({k: v for k, v in values.items() if v is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "value"
-        raise CommandError(f"{option}: {first['msg']}", Exit.USAGE) from None
-
-
-def encode_position(position: Position) -> str:
-    return f"{position.received_at.isoformat()}/{position.id}"
-
-
-def decode_position(cursor: str) -> Position:
-    when, slash, number = cursor.rpartition("/")
-    try:
-        if not slash:
-            raise ValueError
-        return Position(datetime.fromisoformat(when), int(number))
-    except ValueError:
-        raise CommandError(
-            f"--cursor {cursor!r} is not a position: pass the `next` value a page printed",
-            Exit.USAGE,
-        ) from None
-
-
-def filter_values(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "source": args.source,
-        "event_type": args.event_type,
-        "message_id": args.message_id,
-        "received_after": args.received_after,
-        "received_before": args.received_before,
-        "error_type": args.error_type,
-    }
-
-
-def query_filters(args: argparse.Namespace, listing: str) -> tuple[MessageFilter, int]:
-    values = {**filter_values(args), "limit": args.limit}
-    if listing == "messages":
-        query = validated(MessageQuery, {**values, "status": args.status})
-        return to_filter(query, list(query.status)), query.limit
-    query = validated(DeadLetterQuery, values)
-    return to_filter(query, [Status.DEAD]), query.limit
-
-
-async def list_dead_letters(args: argparse.Namespace) -> Exit:
-    if not args.groups:
-        return await list_messages(args, "dead-letters")
-    if args.cursor:
-        raise CommandError("--groups has no pages: drop --cursor", Exit.USAGE)
-    filters, _ = query_filters(args, "dead-letters")
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
-        groups = await store.dead_letter_groups(engine, filters)
-    document = DeadLetterGroups(groups=[DeadLetterGroup.model_validate(asdict(g)) for g in groups])
-    if args.json:
-        print_json(document)
-    elif not groups:
-        print("no dead letters match")
-    else:
-        print(groups_table(document))
-    return Exit.OK
-
-
-async def list_messages(args: argparse.Namespace, listing: str) -> Exit:
-    filters, limit = query_filters(args, listing)
-    after = decode_position(args.cursor) if args.cursor else None
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
-        rows, last = await store.list_messages(engine, filters, limit, after)
-    items = [MessageSummary.from_row(r) for r in rows]
-    next_cursor = None if last is None else encode_position(last)
-    if args.json:
-        print_json(
-            {"items": [i.model_dump(mode="json") for i in items], "next_cursor": next_cursor}
-        )
-        return Exit.OK
-    print(summary_table(items))
-    if next_cursor is not None:
-        print(f"next: --cursor '{next_cursor}'")
-    return Exit.OK
-
-
-async def show_message(args: argparse.Namespace) -> Exit:
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
-        row = await acting(store.get_message(engine, args.id))
-    detail = detail_from_row(row)
-    if args.json:
-        print_json(detail)
-    else:
-        print(describe_detail(detail))
-    return Exit.OK
-
-
-def actor() -> str:
-    """Who the history records for an action taken here: the shell's user and host."""
-    try:
-        user = getpass.getuser()
-    except (OSError, KeyError):
-        user = "unknown"
-    return f"cli:{user}@{socket.gethostname()}"
-
-
-async def acting(action: Coroutine[Any, Any, Any]) -> Any:
-    """The store's refusals as exit status 1 with the admin API's wording."""
-    try:
-        return await action
-    except store.MessageNotFound as exc:
-        raise CommandError(f"no message with id {exc.args[0]}", Exit.FAILED) from None
-    except store.InvalidTransition as exc:
-        detail = exc.detail.replace('send {"force": true} to do that', "use `replay` for that")
-        raise CommandError(detail, Exit.FAILED) from None
-
-
-async def apply_change(
-    engine: AsyncEngine, name: str, message_id: int, who: str
-) -> tuple[dict[str, Any], str]:
-    """Retry, replay or discard one message; the row after it and the action recorded."""
-    if name == "discard":
-        row, changed = await store.discard_message(engine, message_id, who)
-        return row, store.ADMIN_DISCARD if changed else "none"
-    return await store.retry_message(engine, message_id, who, force=name == "replay")
-
-
-async def change_message(args: argparse.Namespace, name: str) -> Exit:
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
-        row, action = await acting(apply_change(engine, name, args.id, actor()))
-    result = RetryResult.model_validate({**row, "attempt_count": row["attempts"], "action": action})
-    if args.json:
-        print_json(result)
-    elif action == "none":
-        print(f"message {result.id} was already discarded; nothing changed")
-    else:
-        print(
-            f"message {result.id} ({result.source} {result.message_id}): {action}, "
-            f"now {result.status.value}"
-        )
-    return Exit.OK
-
-
-async def show_stats(args: argparse.Namespace) -> Exit:
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
-        stats = await collect_stats(engine)
-    if args.json:
-        print_json(stats)
-        return Exit.OK
-    print(stats_table(stats))
-    return Exit.OK
-
-
-async def bulk_retry(args: argparse.Namespace) -> Exit:
-    request = validated(
-        BulkRetryRequest,
-        {
-            **filter_values(args),
-            "status": args.status,
-            "force": args.force,
-            "dry_run": args.dry_run,
-        },
-    )
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
-        result = await store.bulk_retry(
-            engine,
-            to_filter(request, list(request.status)),
-            actor(),
-            force=request.force,
-            dry_run=request.dry_run,
-        )
-    if args.json:
-        print_json(BulkRetryResult(matched=result.matched, retried=result.retried))
-    elif request.dry_run:
-        print(f"{result.matched} messages match; run again without --dry-run to retry them")
-    else:
-        print(f"{result.matched} messages matched, {result.retried} retried")
-    return Exit.OK
+    return run_command

@@ -6,16 +6,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-from pydantic import ValidationError
-
-from service.commands.deliveries import CannotBuild, Wanted, build_delivery
 from service.commands.outcome import CommandError, Exit
-from service.core.logging import configure_logging
-from service.core.settings import ConfigError, Settings, format_validation_error
-from service.sources.config_file import InboxConfig, load_inbox_config
+
+# The kinds, the settings and httpx are imported when `send` runs, not when the parser is
+# built: `webhook-inbox --help` and every other command need none of them.
+if TYPE_CHECKING:
+    import httpx
+
+    from service.commands.deliveries import Wanted
+    from service.core.settings import Settings
+    from service.sources.config_file import InboxConfig
 
 DESCRIPTION = """
 Build a delivery that SOURCE's kind accepts (its headers and envelope, signed with its first
@@ -62,6 +64,9 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def load_sources(settings: Settings) -> InboxConfig:
+    from service.core.settings import ConfigError
+    from service.sources.config_file import load_inbox_config
+
     try:
         return load_inbox_config(Path(settings.config), required=settings.config_is_set)
     except ConfigError as exc:
@@ -69,6 +74,8 @@ def load_sources(settings: Settings) -> InboxConfig:
 
 
 def read_file(name: str | None) -> Wanted:
+    from service.commands.deliveries import Wanted
+
     if name is None:
         return Wanted()
     try:
@@ -95,6 +102,13 @@ def base_url(settings: Settings, url: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> Exit:
+    import httpx
+    from pydantic import ValidationError
+
+    from service.commands.deliveries import CannotBuild, Wanted, build_delivery
+    from service.core.logging import configure_logging
+    from service.core.settings import Settings, format_validation_error
+
     try:
         settings = Settings()
     except ValidationError as exc:

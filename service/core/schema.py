@@ -8,7 +8,6 @@ against `alembic upgrade head` by a test that compares `pg_dump --schema-only` o
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -31,27 +30,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-
-class Status(StrEnum):
-    """Where a message is (SPEC §5)."""
-
-    PENDING = "pending"
-    PROCESSING = "processing"
-    PROCESSED = "processed"
-    RETRYING = "retrying"
-    DEAD = "dead"
-    DISCARDED = "discarded"
-
-
-# Claimable by a worker: new, or failed and waiting for their next attempt.
-DUE = (Status.PENDING, Status.RETRYING)
-# Not finished yet: what the backlog is made of.
-UNFINISHED = (Status.PENDING, Status.RETRYING, Status.PROCESSING)
-
-
-def sql_list(statuses: tuple[Status, ...] | list[Status]) -> str:
-    """`'pending', 'retrying'` for an SQL `IN (...)`: the statuses are ours, never input."""
-    return ", ".join(f"'{status.value}'" for status in statuses)
+# Re-exported: the tables' users import the statuses with them.
+from service.core.status import DUE as DUE
+from service.core.status import UNFINISHED as UNFINISHED
+from service.core.status import Status as Status
+from service.core.status import sql_list as sql_list
 
 
 def _now() -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -26,7 +26,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import Attributes, AttributeValue
-from sqlalchemy.ext.asyncio import AsyncEngine
+
+if TYPE_CHECKING:  # the sources use this module too, and need no SQLAlchemy
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 class Traceable(Protocol):

@@ -1,5 +1,6 @@
 """The command line as a real process: a bad configuration stops `serve` with one line; help;
-`--version`; `send` and `messages` against a running `serve`."""
+`--version`; `send` (every kind, most of them run in this process) and `messages` against a
+running `serve`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_runner import Ran
+from tests.cli_runner import Ran, run_cli
 from tests.pg import with_database
 from tests.send_sources import SENDABLE, SOURCES_TOML
 from tests.server import ServerProcess
@@ -116,24 +117,28 @@ def test_version() -> None:
 
 @pytest.mark.slow
 def test_send_to_a_running_serve_for_every_kind_then_see_them_listed(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = tmp_path / "inbox.toml"
     config.write_text(SOURCES_TOML)
     env = {"INBOX_CONFIG": str(config), "DATABASE_URL": database_url}
     with ServerProcess(env, tmp_path) as server:
         env["INBOX_PORT"] = str(server.port)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        # Each kind's `send` runs in this process (a process start apiece would cost seconds);
+        # the installed command, as a shell runs it, sends the duplicate and lists them all.
         for name in SENDABLE:
-            sent = webhook_inbox("send", name, "--id", f"e2e-{name}", env=env)
+            sent = run_cli("send", name, "--id", f"e2e-{name}")
             assert sent.status == 0, (name, sent.err)
             assert "accepted" in sent.out, (name, sent.out)
         again = webhook_inbox("send", "stripe", "--id", "e2e-stripe", env=env)
         assert (again.status, json.loads(again.out)["status"]) == (0, "duplicate")
 
-        unknown = webhook_inbox("send", "nobody", env=env)
+        unknown = run_cli("send", "nobody")
         assert unknown.status == 2
         assert "no source 'nobody'" in unknown.err
-        unsignable = webhook_inbox("send", "sns", env=env)
+        unsignable = run_cli("send", "sns")
         assert unsignable.status == 2
         assert "only AWS" in unsignable.err
 
@@ -141,6 +146,6 @@ def test_send_to_a_running_serve_for_every_kind_then_see_them_listed(
         assert listed.status == 0, listed.err
         sources = {m["source"] for m in listed.json()["items"]}
         assert sources == set(SENDABLE)
-    gone = webhook_inbox("send", "stripe", env=env)
+    gone = run_cli("send", "stripe")
     assert gone.status == 3
     assert "is `webhook-inbox serve` running?" in gone.err

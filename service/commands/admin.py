@@ -1,0 +1,228 @@
+"""`messages`, `dead-letters` and `stats` at work: the admin API's reads and actions, from the
+shell (their arguments are in `service/commands/inbox.py`).
+
+Same store functions, same filters and validation, same JSON documents (`--json`) as the admin
+API; what differs is the cursor, which here is the readable position `<received_at>/<id>` of
+the last row shown (the shell already has the database, so there is nothing to sign).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import socket
+from collections.abc import Coroutine
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.api.admin.messages import detail_from_row, to_filter
+from service.api.admin.models import (
+    BulkRetryRequest,
+    BulkRetryResult,
+    DeadLetterGroup,
+    DeadLetterGroups,
+    DeadLetterQuery,
+    MessageQuery,
+    MessageSummary,
+    RetryResult,
+)
+from service.api.admin.operations import collect_stats
+from service.commands.database import operator_engine, operator_settings
+from service.commands.outcome import CommandError, Exit
+from service.commands.output import print_json
+from service.commands.views import describe_detail, groups_table, stats_table, summary_table
+from service.core.schema import Status
+from service.store import admin as store
+from service.store.admin import MessageFilter, Position
+
+
+def run(command: Coroutine[Any, Any, Exit]) -> Exit:
+    return asyncio.run(command)
+
+
+def validated(model: type[BaseModel], values: dict[str, Any]) -> Any:
+    """`values` checked by the admin API's own query model: one line and exit 2 if refused."""
+    try:
+        return model.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "value"
+        raise CommandError(f"{option}: {first['msg']}", Exit.USAGE) from None
+
+
+def encode_position(position: Position) -> str:
+    return f"{position.received_at.isoformat()}/{position.id}"
+
+
+def decode_position(cursor: str) -> Position:
+    when, slash, number = cursor.rpartition("/")
+    try:
+        if not slash:
+            raise ValueError
+        return Position(datetime.fromisoformat(when), int(number))
+    except ValueError:
+        raise CommandError(
+            f"--cursor {cursor!r} is not a position: pass the `next` value a page printed",
+            Exit.USAGE,
+        ) from None
+
+
+def filter_values(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "source": args.source,
+        "event_type": args.event_type,
+        "message_id": args.message_id,
+        "received_after": args.received_after,
+        "received_before": args.received_before,
+        "error_type": args.error_type,
+    }
+
+
+def query_filters(args: argparse.Namespace, listing: str) -> tuple[MessageFilter, int]:
+    values = {**filter_values(args), "limit": args.limit}
+    if listing == "messages":
+        query = validated(MessageQuery, {**values, "status": args.status})
+        return to_filter(query, list(query.status)), query.limit
+    query = validated(DeadLetterQuery, values)
+    return to_filter(query, [Status.DEAD]), query.limit
+
+
+async def list_dead_letters(args: argparse.Namespace) -> Exit:
+    if not args.groups:
+        return await list_messages(args, "dead-letters")
+    if args.cursor:
+        raise CommandError("--groups has no pages: drop --cursor", Exit.USAGE)
+    filters, _ = query_filters(args, "dead-letters")
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        groups = await store.dead_letter_groups(engine, filters)
+    document = DeadLetterGroups(groups=[DeadLetterGroup.model_validate(asdict(g)) for g in groups])
+    if args.json:
+        print_json(document)
+    elif not groups:
+        print("no dead letters match")
+    else:
+        print(groups_table(document))
+    return Exit.OK
+
+
+async def list_messages(args: argparse.Namespace, listing: str) -> Exit:
+    filters, limit = query_filters(args, listing)
+    after = decode_position(args.cursor) if args.cursor else None
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        rows, last = await store.list_messages(engine, filters, limit, after)
+    items = [MessageSummary.from_row(r) for r in rows]
+    next_cursor = None if last is None else encode_position(last)
+    if args.json:
+        print_json(
+            {"items": [i.model_dump(mode="json") for i in items], "next_cursor": next_cursor}
+        )
+        return Exit.OK
+    print(summary_table(items))
+    if next_cursor is not None:
+        print(f"next: --cursor '{next_cursor}'")
+    return Exit.OK
+
+
+async def show_message(args: argparse.Namespace) -> Exit:
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        row = await acting(store.get_message(engine, args.id))
+    detail = detail_from_row(row)
+    if args.json:
+        print_json(detail)
+    else:
+        print(describe_detail(detail))
+    return Exit.OK
+
+
+def actor() -> str:
+    """Who the history records for an action taken here: the shell's user and host."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+async def acting(action: Coroutine[Any, Any, Any]) -> Any:
+    """The store's refusals as exit status 1 with the admin API's wording."""
+    try:
+        return await action
+    except store.MessageNotFound as exc:
+        raise CommandError(f"no message with id {exc.args[0]}", Exit.FAILED) from None
+    except store.InvalidTransition as exc:
+        detail = exc.detail.replace('send {"force": true} to do that', "use `replay` for that")
+        raise CommandError(detail, Exit.FAILED) from None
+
+
+async def apply_change(
+    engine: AsyncEngine, name: str, message_id: int, who: str
+) -> tuple[dict[str, Any], str]:
+    """Retry, replay or discard one message; the row after it and the action recorded."""
+    if name == "discard":
+        row, changed = await store.discard_message(engine, message_id, who)
+        return row, store.ADMIN_DISCARD if changed else "none"
+    return await store.retry_message(engine, message_id, who, force=name == "replay")
+
+
+async def change_message(args: argparse.Namespace, name: str) -> Exit:
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        row, action = await acting(apply_change(engine, name, args.id, actor()))
+    result = RetryResult.model_validate({**row, "attempt_count": row["attempts"], "action": action})
+    if args.json:
+        print_json(result)
+    elif action == "none":
+        print(f"message {result.id} was already discarded; nothing changed")
+    else:
+        print(
+            f"message {result.id} ({result.source} {result.message_id}): {action}, "
+            f"now {result.status.value}"
+        )
+    return Exit.OK
+
+
+async def show_stats(args: argparse.Namespace) -> Exit:
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        stats = await collect_stats(engine)
+    if args.json:
+        print_json(stats)
+        return Exit.OK
+    print(stats_table(stats))
+    return Exit.OK
+
+
+async def bulk_retry(args: argparse.Namespace) -> Exit:
+    request = validated(
+        BulkRetryRequest,
+        {
+            **filter_values(args),
+            "status": args.status,
+            "force": args.force,
+            "dry_run": args.dry_run,
+        },
+    )
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        result = await store.bulk_retry(
+            engine,
+            to_filter(request, list(request.status)),
+            actor(),
+            force=request.force,
+            dry_run=request.dry_run,
+        )
+    if args.json:
+        print_json(BulkRetryResult(matched=result.matched, retried=result.retried))
+    elif request.dry_run:
+        print(f"{result.matched} messages match; run again without --dry-run to retry them")
+    else:
+        print(f"{result.matched} messages matched, {result.retried} retried")
+    return Exit.OK
