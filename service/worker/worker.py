@@ -352,34 +352,40 @@ class Worker:
             held = await hold_claimed(conn, rows)
             async with handler_scope(conn) as (session, savepoints):
                 deadline = None if isolated else BatchDeadline(savepoints)
-                for row in rows:
-                    if row.id not in held:
-                        log.warning(
-                            "claim lost before its handlers ran (reaped or claimed again); skipped",
-                            extra={
-                                "source": row.source,
-                                "message_id": row.message_id,
-                                "id": row.id,
-                            },
+                try:
+                    for row in rows:
+                        if row.id not in held:
+                            log.warning(
+                                "claim lost before its handlers ran (reaped or claimed again); "
+                                "skipped",
+                                extra={
+                                    "source": row.source,
+                                    "message_id": row.message_id,
+                                    "id": row.id,
+                                },
+                            )
+                            continue
+                        if failed is not None and row is failed[0]:
+                            results.append(failed[1])
+                            continue
+                        result, exc = await run_handlers_traced(
+                            session,
+                            savepoints,
+                            self.pipelines[row.source],
+                            row,
+                            isolated=isolated,
+                            deadline=deadline,
+                            defer_flush=defer_flush,
                         )
-                        continue
-                    if failed is not None and row is failed[0]:
-                        results.append(failed[1])
-                        continue
-                    result, exc = await run_handlers_traced(
-                        session,
-                        savepoints,
-                        self.pipelines[row.source],
-                        row,
-                        isolated=isolated,
-                        deadline=deadline,
-                        defer_flush=defer_flush,
-                    )
-                    if exc is not None and not isolated:
-                        raise _OptimisticRunFailed(row, result)
-                    results.append(result)
-                if deadline is not None:
-                    await deadline.close()
+                        if exc is not None and not isolated:
+                            raise _OptimisticRunFailed(row, result)
+                        results.append(result)
+                finally:
+                    # A stopper still under way (a message past its limit) ends before the
+                    # transaction does, so its cancel request never reaches a later use of
+                    # this connection.
+                    if deadline is not None:
+                        await deadline.close()
                 if defer_flush:
                     await self._flush_staged(session)
                 await savepoints.flush()
