@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import io
 import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from service.cli import main
+from service.core import logging as service_logging
 
 
 @dataclass(frozen=True)
@@ -24,11 +27,29 @@ class Ran:
         return json.loads(self.out)
 
 
+@contextlib.contextmanager
+def logging_restored() -> Iterator[None]:
+    """The process's logging as it was before: a command configures logging for a process of
+    its own (root handlers on the stderr of the moment, the level, what records gather), which
+    would outlive it here and go on writing to a stream pytest has closed since."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    flags = (logging._srcfile, logging.logThreads, logging.logMultiprocessing)
+    installed = service_logging._installed
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        logging._srcfile, logging.logThreads, logging.logMultiprocessing = flags
+        service_logging._installed = installed
+
+
 def run_cli(*args: str) -> Ran:
     """`webhook-inbox ARGS` in this process: its exit status, stdout and stderr."""
     out, err = io.StringIO(), io.StringIO()
     status = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), logging_restored():
         try:
             main(list(args))
         except SystemExit as exc:

@@ -20,6 +20,7 @@ from service.core.migrations import upgrade
 from service.core.settings import Settings
 from service.sources.config_file import parse_inbox_config
 from service.worker import run_worker
+from tests.cli_runner import logging_restored
 from tests.pg import create_database, drop_database, postgres_server, with_database
 
 
@@ -111,6 +112,14 @@ def client_for(database_url: str, data_dir: Path) -> AppFactory:
                 yield client
 
     return factory
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """A test that runs a command in this process (`main([...])`) configures logging on a
+    stderr pytest closes after the test: the next tests get the logging they started with."""
+    with logging_restored():
+        yield
 
 
 @pytest.fixture(autouse=True)

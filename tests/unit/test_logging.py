@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Iterator
-
-import pytest
 
 from service.core.logging import JsonFormatter, LoopBatchedStreamHandler
 
@@ -84,16 +81,6 @@ def test_lines_held_when_the_process_shuts_down_are_flushed() -> None:
 
     asyncio.run(main())
     assert events(stream) == ["last words"]
-
-
-@pytest.fixture(autouse=True)
-def _root_logger_restored() -> Iterator[None]:
-    """`configure_logging` replaces the root logger's handlers and level: put them back."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def installed_stream(fmt: str) -> io.StringIO:
