@@ -84,7 +84,7 @@ class JsonFormatter(logging.Formatter):
             special["exc"] = record.exc_text
         if record.stack_info:
             special["stack_info"] = self.formatStack(record.stack_info)
-        fields = {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+        fields = _fields(record, keep_none=True)
         return self.event_line(
             record.created,
             record.levelname,
@@ -126,7 +126,7 @@ class TextFormatter(logging.Formatter):
             record.name,
             record.getMessage(),
             record.process,
-            _fields(record),
+            _fields(record, keep_none=True),  # event_line leaves out the None ones
         )
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
