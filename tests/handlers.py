@@ -103,6 +103,21 @@ async def record_slowly(message: InboxMessage, ctx: HandlerContext) -> None:
     await record(message, ctx)
 
 
+async def record_after_gate(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Records once the file named by the payload's `until` exists (at most 60 s from now).
+
+    For kill tests: a batch claimed while the gate is shut is certainly still running when the
+    test kills its process, however slow the machine.
+    """
+    gate = Path(message.payload["until"])
+    deadline = time.monotonic() + 60
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate} never appeared")
+        await asyncio.sleep(0.02)
+    await record(message, ctx)
+
+
 def not_async(message: InboxMessage, ctx: HandlerContext) -> None:
     """Configured only to check that start-up refuses it."""
 

@@ -144,19 +144,22 @@ async def test_a_processing_process_killed_mid_batch_loses_and_repeats_nothing(
     await create_effects(db)
     ids = [f"k-{i}" for i in range(300)]
     settings = {"INBOX_WORKER_BATCH_SIZE": "50", "INBOX_WORKER_CONCURRENCY": "1"}
+    # Every handler waits for this file: the first batch claimed is still running at the kill.
+    gate = tmp_path / "let-go"
+    body = json.dumps({"until": str(gate)}).encode()
     with serving(
-        tmp_path, source_toml("record_slowly"), DATABASE_URL=database_url, **settings
+        tmp_path, source_toml("record_after_gate"), DATABASE_URL=database_url, **settings
     ) as server:
         await wait_listening(db, 1)
-        answers = await deliver(server.url, ids)
+        answers = await deliver(server.url, ids, body=body)
         assert set(answers.values()) == {200}
-        # Kill it while a batch is claimed and running (~0.5 s each).
         in_flight = "SELECT count(*) FROM inbox_messages WHERE status = 'processing'"
         deadline = time.monotonic() + 30
         while await db.fetchval(in_flight) == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         (child,) = processing_children(server)
         child.send_signal(signal.SIGKILL)
+        gate.touch()
         await wait_until(db, PROCESSED, 300, 60)
         events = log_events(server)
     effects = await db.fetch("SELECT message_id, count(*) AS n FROM effects GROUP BY message_id")
