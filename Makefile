@@ -19,7 +19,7 @@ export INBOX_CONFIG DEMO_WEBHOOK_SECRET INBOX_LOG_FORMAT
 
 # pytest runs the suite on this many processes (pytest-xdist), each with its own PostgreSQL;
 # 0 runs it in this one process.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 
 .PHONY: run test lint image-lint typecheck pytest migrate clean
 
