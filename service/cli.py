@@ -242,7 +242,8 @@ def run_on_fast_loop(main: Coroutine[Any, Any, None]) -> None:
 def worker(args: argparse.Namespace) -> None:
     from service.core.db import database_url, describe_url
     from service.core.metrics import Metrics
-    from service.worker import WorkerCrashed, run_worker
+    from service.worker.runtime import run_worker
+    from service.worker.worker import WorkerCrashed
 
     settings, inbox, pipelines = load(
         role="processing",

@@ -19,7 +19,7 @@ from service.core.db import asyncpg_dsn, create_engine
 from service.core.migrations import upgrade
 from service.core.settings import Settings
 from service.sources.config_file import parse_inbox_config
-from service.worker import run_worker
+from service.worker.runtime import run_worker
 from tests.cli_runner import logging_restored
 from tests.pg import create_database, drop_database, postgres_server, with_database
 

@@ -1,15 +1,12 @@
-"""Each processing attempt as a span (service.core.tracing), around the runner and forwards."""
+"""Each processing attempt as a span (service.core.tracing), around the runner; forwards get
+theirs in `service.processing.forward`."""
 
 from __future__ import annotations
 
-import httpx
-
 from service.core import tracing
-from service.processing.forward import forward_message
 from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
 from service.processing.runner import BatchDeadline, run_handlers
-from service.sources.config import SourceConfig
 from service.store.claims import AttemptResult, MessageRow, MessageSavepoints
 
 
@@ -47,23 +44,6 @@ async def run_handlers_traced(
         if span is not None:
             span.finished(result.outcome, describe(result))
     return result, exc
-
-
-async def forward_message_traced(
-    client: httpx.AsyncClient, row: MessageRow, attempt: int, config: SourceConfig
-) -> AttemptResult:
-    """`forward_message` inside the attempt's span; the httpx instrumentation then sends the
-    span's `traceparent` to the destination."""
-    if not tracing.enabled():
-        return await forward_message(client, row, attempt, config)
-    target = [config.forward.url] if config.forward else []
-    with tracing.attempt_span(
-        row.source, row.message_id, row.id, attempt, target, row.trace_context
-    ) as span:
-        result = await forward_message(client, row, attempt, config)
-        if span is not None:
-            span.finished(result.outcome, describe(result))
-    return result
 
 
 def describe(result: AttemptResult) -> str | None:

@@ -9,7 +9,9 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
+from service.core import tracing
 from service.core.schema import Status
+from service.processing.attempt_spans import describe
 from service.processing.policy import Failure, dead_failure, failed_attempt, retry_failure
 from service.sources.config import SourceConfig
 from service.store.claims import AttemptResult, MessageRow
@@ -130,3 +132,20 @@ async def forward_message(
         },
     )
     return failed_attempt(row.id, attempt, failure, started, finished)
+
+
+async def forward_message_traced(
+    client: httpx.AsyncClient, row: MessageRow, attempt: int, config: SourceConfig
+) -> AttemptResult:
+    """`forward_message` inside the attempt's span; the httpx instrumentation then sends the
+    span's `traceparent` to the destination."""
+    if not tracing.enabled():
+        return await forward_message(client, row, attempt, config)
+    target = [config.forward.url] if config.forward else []
+    with tracing.attempt_span(
+        row.source, row.message_id, row.id, attempt, target, row.trace_context
+    ) as span:
+        result = await forward_message(client, row, attempt, config)
+        if span is not None:
+            span.finished(result.outcome, describe(result))
+    return result

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import httpx
-import jwt
 from pydantic import Field, field_validator, model_validator
 
 from service.core.tracing import carrier_of
@@ -26,6 +24,11 @@ from service.sources.base import (
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
 
+# PyJWT and httpx are imported where the OIDC check needs them: only a source with an
+# `audience` does, and every process that loads the sources file would pay for them at start.
+if TYPE_CHECKING:
+    import jwt
+
 GOOGLE_JWKS_URL = "https://www.googleapis.com/oauth2/v3/certs"
 # Google signs push tokens with either spelling of its issuer.
 GOOGLE_ISSUERS = ("https://accounts.google.com", "accounts.google.com")
@@ -41,6 +44,8 @@ class KeysUnavailable(Rejected):
 
 
 def read_jwks_file(path: Path) -> jwt.PyJWKSet:
+    import jwt
+
     try:
         return jwt.PyJWKSet.from_json(path.read_text())
     except (OSError, jwt.PyJWTError, ValueError) as exc:
@@ -118,6 +123,9 @@ class JwksCache:
             return self.keys
 
     async def _fetch(self) -> jwt.PyJWKSet:
+        import httpx
+        import jwt
+
         try:
             async with httpx.AsyncClient(timeout=10.0) as client:
                 response = await client.get(self.url)
@@ -170,6 +178,8 @@ class PubSubSource(Source[PubSubConfig]):
         return checked_event_type(value, f"the field message.attributes.{name}")
 
     async def _check_oidc(self, delivery: RawDelivery, jwks: JwksCache) -> None:
+        import jwt
+
         scheme, _, token = delivery.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("missing Authorization: Bearer OIDC token")

@@ -10,7 +10,6 @@ from collections import OrderedDict
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
-import httpx
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -82,15 +81,23 @@ class SnsFetcher(Protocol):
 
 
 class HttpsFetcher:
-    """The production fetcher: plain httpx GETs, TLS verified, no redirects."""
+    """The production fetcher: plain httpx GETs, TLS verified, no redirects.
+
+    httpx is imported where it is used (here and where its errors are caught): every process
+    that loads the sources file would pay for it at start, and only an SNS delivery needs it.
+    """
 
     async def certificate_pem(self, url: str) -> bytes:
+        import httpx
+
         async with httpx.AsyncClient(timeout=10.0, follow_redirects=False) as client:
             response = await client.get(url)
             response.raise_for_status()
             return response.content
 
     async def confirm_subscription(self, url: str) -> None:
+        import httpx
+
         async with httpx.AsyncClient(timeout=10.0, follow_redirects=False) as client:
             response = await client.get(url)
             response.raise_for_status()
@@ -219,6 +226,8 @@ class SnsSource(Source[SnsConfig]):
             raise Unauthenticated("Signature does not verify") from None
 
     async def _public_key(self, url: str) -> rsa.RSAPublicKey:
+        import httpx
+
         cached = self._keys.get(url)
         if cached is not None:
             self._keys.move_to_end(url)
@@ -250,6 +259,8 @@ class SnsSource(Source[SnsConfig]):
             return Handshake(200, {"status": "confirmation_pending", "topic_arn": topic})
         if not is_sns_url(subscribe_url):
             raise Forbidden("SubscribeURL is not on https://sns.<region>.amazonaws.com[.cn]")
+        import httpx
+
         try:
             await self.fetcher.confirm_subscription(subscribe_url)
         except httpx.HTTPError:

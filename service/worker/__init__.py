@@ -1,6 +1,6 @@
-"""The worker: claims accepted messages and runs their handlers or forwards them."""
+"""The worker: claims accepted messages and runs their handlers or forwards them.
 
-from service.worker.runtime import run_worker
-from service.worker.worker import Worker, WorkerCrashed, WorkerOptions
-
-__all__ = ["Worker", "WorkerCrashed", "WorkerOptions", "run_worker"]
+Import from the modules (`service.worker.runtime`, `service.worker.worker`): this package
+imports none of them, so the HTTP process, which needs only `retention`, does not load the
+worker, its HTTP client and the processing code at start.
+"""

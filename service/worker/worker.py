@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.metrics import Metrics
 from service.core.settings import Settings
-from service.processing.attempt_spans import forward_message_traced, run_handlers_traced
-from service.processing.forward import lease_seconds
+from service.processing.attempt_spans import run_handlers_traced
+from service.processing.forward import forward_message_traced, lease_seconds
 from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
 from service.processing.policy import failed_attempt, retry_failure

@@ -13,7 +13,7 @@ from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import parse_inbox_config
 from service.store.claims import claim_due, hold_claimed
-from service.worker import Worker, WorkerOptions
+from service.worker.worker import Worker, WorkerOptions
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
     WORKER_SETTINGS,

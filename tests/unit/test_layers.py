@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "service"
@@ -58,3 +60,17 @@ def test_the_layer_map_ranks_modules_as_intended() -> None:
     assert layer_of("service.api.admin.cursor") == 5
     assert layer_of("service.app") == 6
     assert layer_of("service") == 6
+
+
+def test_the_http_process_loads_neither_the_worker_nor_its_http_client() -> None:
+    # A fresh interpreter, as an HTTP child is: what importing the app and `serve` loads.
+    # (Each module left out is start-up CPU every HTTP process and its restarts save.)
+    probe = (
+        "import sys, service.app, service.serve; "
+        "print(' '.join(m for m in ('httpx', 'jwt', 'service.worker.worker', "
+        "'service.worker.runtime', 'service.processing.forward') if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert loaded == []
