@@ -226,12 +226,12 @@ class SnsSource(Source[SnsConfig]):
             raise Unauthenticated("Signature does not verify") from None
 
     async def _public_key(self, url: str) -> rsa.RSAPublicKey:
-        import httpx
-
         cached = self._keys.get(url)
         if cached is not None:
             self._keys.move_to_end(url)
             return cached
+        import httpx
+
         try:
             pem = await self.fetcher.certificate_pem(url)
         except httpx.HTTPError:
