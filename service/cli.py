@@ -203,9 +203,9 @@ def describe_prune(report: PruneReport) -> str:
     return line
 
 
-def unreachable(command: str, settings: Settings, exc: Exception) -> NoReturn:
-    """Exit 3 with one line, as the operator commands do, when the database cannot be reached
-    or refuses the login; any other error goes on as it is."""
+def unreachable(settings: Settings, exc: Exception) -> NoReturn:
+    """A `CommandError` (exit 3, one line, as the operator commands stop) when the database
+    cannot be reached or refuses the login; any other error goes on as it is."""
     from service.core.db import describe_url
     from service.store.errors import StoreUnavailable, login_refusal
 
@@ -213,8 +213,7 @@ def unreachable(command: str, settings: Settings, exc: Exception) -> NoReturn:
     if reason is None:
         raise exc
     where = describe_url(settings.database_url) if settings.database_url else "embedded"
-    print(f"webhook-inbox {command}: database {where} is unavailable: {reason}", file=sys.stderr)
-    sys.exit(Exit.UNAVAILABLE)
+    raise CommandError(f"database {where} is unavailable: {reason}", Exit.UNAVAILABLE) from None
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -224,7 +223,7 @@ def serve(args: argparse.Namespace) -> None:
     try:
         run(args, settings, inbox)
     except Exception as exc:
-        unreachable("serve", settings, exc)
+        unreachable(settings, exc)
 
 
 def run_on_fast_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -272,13 +271,17 @@ def worker(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    try:
+        run_command(args)
+    except CommandError as exc:
+        command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+        print(f"webhook-inbox {command}: {exc.message}", file=sys.stderr)
+        sys.exit(exc.status)
+
+
+def run_command(args: argparse.Namespace) -> None:
     if hasattr(args, "run"):
-        try:
-            sys.exit(args.run(args))
-        except CommandError as exc:
-            command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
-            print(f"webhook-inbox {command}: {exc.message}", file=sys.stderr)
-            sys.exit(exc.status)
+        sys.exit(args.run(args))
     if args.command == "serve":
         serve(args)
     elif args.command == "worker":
@@ -292,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             asyncio.run(migrate(url, settings))
         except Exception as exc:
-            unreachable("migrate", settings, exc)
+            unreachable(settings, exc)
         print(f"migrated {describe_url(url)} to head")
     elif args.command == "prune":
         from service.core.db import database_url
@@ -302,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             report = asyncio.run(prune_once(url, settings, inbox))
         except Exception as exc:
-            unreachable("prune", settings, exc)
+            unreachable(settings, exc)
         print(describe_prune(report))
     else:  # pragma: no cover - argparse refuses unknown commands
         sys.exit(2)
