@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -91,6 +92,17 @@ class _InboxCollector(Collector):
         return [messages, oldest, backlog, dead]
 
 
+_Labelled = TypeVar("_Labelled", Counter, Histogram)
+
+
+def _child(cache: dict[tuple[str, ...], _Labelled], metric: _Labelled, *values: str) -> _Labelled:
+    """`metric.labels(*values)`, looked up once and kept in `cache`."""
+    child = cache.get(values)
+    if child is None:
+        child = cache[values] = metric.labels(*values)
+    return child
+
+
 class Metrics:
     """Every series the service exposes, registered in a registry of its own."""
 
@@ -150,10 +162,10 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
-        self._delivery_counters: dict[tuple[str, str, str], Counter] = {}
-        self._ingest_histograms: dict[str, Histogram] = {}
-        self._attempt_counters: dict[tuple[str, str], Counter] = {}
-        self._handler_histograms: dict[str, Histogram] = {}
+        self._delivery_counters: dict[tuple[str, ...], Counter] = {}
+        self._ingest_histograms: dict[tuple[str, ...], Histogram] = {}
+        self._attempt_counters: dict[tuple[str, ...], Counter] = {}
+        self._handler_histograms: dict[tuple[str, ...], Histogram] = {}
         self._inbox = _InboxCollector()
         self.registry.register(self._inbox)
         self._exposed = self.registry
@@ -180,30 +192,17 @@ class Metrics:
     # (configured sources, a closed set of outcomes and reasons), and so are these dicts.
 
     def delivery(self, source: str, outcome: str, reason: str = "") -> None:
-        key = (source, outcome, reason)
-        counter = self._delivery_counters.get(key)
-        if counter is None:
-            counter = self._delivery_counters[key] = self.deliveries.labels(*key)
-        counter.inc()
+        _child(self._delivery_counters, self.deliveries, source, outcome, reason).inc()
 
     def ingest_finished(self, source: str, started: float) -> None:
         """Observe one ingest request that began at `time.perf_counter()` value `started`."""
-        histogram = self._ingest_histograms.get(source)
-        if histogram is None:
-            histogram = self._ingest_histograms[source] = self.ingest_duration.labels(source)
+        histogram = _child(self._ingest_histograms, self.ingest_duration, source)
         histogram.observe(time.perf_counter() - started)
 
     def attempt_finished(self, source: str, outcome: str, duration_seconds: float) -> None:
         """For the worker: one attempt ended with `outcome` after `duration_seconds`."""
-        key = (source, outcome)
-        counter = self._attempt_counters.get(key)
-        if counter is None:
-            counter = self._attempt_counters[key] = self.attempts.labels(*key)
-        counter.inc()
-        histogram = self._handler_histograms.get(source)
-        if histogram is None:
-            histogram = self._handler_histograms[source] = self.handler_duration.labels(source)
-        histogram.observe(duration_seconds)
+        _child(self._attempt_counters, self.attempts, source, outcome).inc()
+        _child(self._handler_histograms, self.handler_duration, source).observe(duration_seconds)
 
     def pruned(self, by_status: Mapping[str, int]) -> None:
         for status, count in by_status.items():
