@@ -111,7 +111,7 @@ class EscapedJSONResponse(JSONResponse):
         return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
 
 
-class AnswerResponse(JSONResponse):
+class AnswerResponse(EscapedJSONResponse):
     """A recorded delivery's JSON answer, encoded by orjson: Starlette's JSONResponse builds a
     new encoder for every answer (json.dumps with options), a cost paid per delivery."""
 
@@ -119,7 +119,7 @@ class AnswerResponse(JSONResponse):
         try:
             return orjson.dumps(content)
         except TypeError:  # a string orjson refuses (an unpaired surrogate): escape it
-            return json.dumps(content, separators=(",", ":")).encode()
+            return super().render(content)
 
 
 def handshake_response(handshake: Handshake) -> Response:
