@@ -400,7 +400,8 @@ class Worker:
             await session.flush()
         except Exception as exc:
             log.warning(
-                "the batch's staged effects failed to flush; running it again isolated",
+                "the batch's staged effects failed to flush; "
+                "running it again with a flush per message",
                 extra={"error": f"{type(exc).__name__}: {exc}"},
             )
             raise _OptimisticRunFailed(None, None) from exc
