@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import asyncpg
 
@@ -19,6 +21,19 @@ from tests.processing_helpers import (
     status_of,
     wait_until,
 )
+
+FINISHED = "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')"
+
+
+@contextmanager
+def recorded_calls() -> Iterator[list[str]]:
+    """The ids the handlers that count their calls (`state["calls"]`) ran with, in order."""
+    calls: list[str] = []
+    handlers.state["calls"] = calls
+    try:
+        yield calls
+    finally:
+        handlers.state.pop("calls", None)
 
 
 async def test_each_message_has_one_effect_when_delivered_twice_concurrently(
@@ -213,9 +228,7 @@ async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
     await insert_messages(db, "good1", "bad", "good2")
     cfg = config("tests.handlers:sql_error_on_bad", max_attempts=1)
     async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
-        await wait_until(
-            db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 3
-        )
+        await wait_until(db, FINISHED, 3)
     assert await status_of(db, "bad") == "dead"
     effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
     assert [e["message_id"] for e in effects] == ["good1", "good2"]
@@ -232,21 +245,14 @@ async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_on
     batches run with savepoints from the start."""
     await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2", "good3")
-    handlers.state["calls"] = []
     cfg = config("tests.handlers:count_calls_fail_on_bad", max_attempts=1)
-    try:
+    with recorded_calls() as calls:
         async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
-            await wait_until(
-                db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 4
-            )
-            first_batch = list(handlers.state["calls"])
+            await wait_until(db, FINISHED, 4)
+            first_batch = list(calls)
             await insert_messages(db, "good4", "bad2")
-            await wait_until(
-                db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 6
-            )
-            second_batch = handlers.state["calls"][len(first_batch) :]
-    finally:
-        handlers.state.pop("calls", None)
+            await wait_until(db, FINISHED, 6)
+            second_batch = calls[len(first_batch) :]
     # good1 ran in the optimistic run and again in the isolated one; bad1 failed once and was
     # recorded from the first run; good2 and good3 ran once, isolated.
     assert first_batch == ["good1", "bad1", "good1", "good2", "good3"]
@@ -274,16 +280,10 @@ async def test_rows_staged_with_add_are_flushed_once_per_batch_and_a_failing_flu
     which names the bad one; then isolated as after any failure: the others commit once."""
     await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2")
-    handlers.state["calls"] = []
     cfg = config("tests.handlers:add_effect_null_on_bad", max_attempts=1)
-    try:
+    with recorded_calls() as calls:
         async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
-            await wait_until(
-                db, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'dead')", 3
-            )
-            calls = list(handlers.state["calls"])
-    finally:
-        handlers.state.pop("calls", None)
+            await wait_until(db, FINISHED, 3)
     assert calls == ["good1", "bad1", "good2", "good1", "bad1", "good1", "good2"]
     effects = await db.fetch("SELECT message_id, attempt FROM effects ORDER BY message_id")
     assert [(e["message_id"], e["attempt"]) for e in effects] == [("good1", 1), ("good2", 1)]
