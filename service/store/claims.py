@@ -177,13 +177,23 @@ CLAIM_DUE = """
 """
 
 
+# The claim's plan must not depend on statistics. A backlog the planner has not seen yet (a
+# fresh table; a burst from a source that was rare when the table was last analyzed, as after
+# an outage) is estimated at a few rows, and the planner then ANDs the due index with the
+# source index into a bitmap and sorts every due row to return the first `limit`: 25-40 ms per
+# claim of 100 from a 40,000-message backlog, growing with it, against 4 ms by the due index.
+# Disabling sorts for the claim's transaction leaves that index walk as the only plan.
+CLAIM_BEGIN = "BEGIN; SET LOCAL enable_sort TO off"
+
+
 async def claim_due(
     engine: AsyncEngine, leases: Mapping[str, float], limit: int, *, alone: bool = False
 ) -> list[MessageRow]:
     """Lease up to `limit` due messages of the sources in `leases` (seconds each), in id order.
 
-    Committed at once (one statement outside any transaction): the attempts count up by one
-    before anything runs. `alone`: claim among the messages whose last attempt never finished.
+    Committed at once (one statement in a transaction of its own): the attempts count up by
+    one before anything runs. `alone`: claim among the messages whose last attempt never
+    finished.
     Sent on the driver connection: the batch's rows are built straight from asyncpg's records
     (its JSONB codec, set up by the dialect, decodes `headers`), not through SQLAlchemy's
     result rows.
@@ -192,8 +202,18 @@ async def claim_due(
         raw = await conn.get_raw_connection()
         driver = raw.driver_connection
         assert isinstance(driver, asyncpg.Connection)
-        # No BEGIN has been sent on `conn` (nothing ran through it): the statement autocommits.
-        records = await driver.fetch(CLAIM_DUE, list(leases), list(leases.values()), limit, alone)
+        # SQLAlchemy has sent nothing on `conn`: this transaction is the driver's alone.
+        try:
+            await driver.execute(CLAIM_BEGIN)
+            records = await driver.fetch(
+                CLAIM_DUE, list(leases), list(leases.values()), limit, alone
+            )
+            await driver.execute("COMMIT")
+        except BaseException:
+            # Where the transaction stands is unknown (the statement failed, or this task was
+            # cancelled mid-trip): the connection must not go back to the pool with it open.
+            await conn.invalidate()
+            raise
     claimed = [
         MessageRow(
             id=r[0],
