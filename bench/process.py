@@ -172,11 +172,13 @@ async def wait_drained(url: str, timeout: float) -> bool:
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            # Two EXISTS, each answered from the first entry of a partial index, not a count
+            # of the backlog: that took PostgreSQL 10-20 ms every 50 ms, beside the drain.
             left = await conn.fetchval(
-                "SELECT count(*) FROM inbox_messages "
-                "WHERE status IN ('pending', 'retrying', 'processing')"
+                "SELECT EXISTS (SELECT FROM inbox_messages WHERE status IN ('pending', 'retrying'))"
+                " OR EXISTS (SELECT FROM inbox_messages WHERE status = 'processing')"
             )
-            if left == 0:
+            if not left:
                 return True
             await asyncio.sleep(0.05)
         return False
