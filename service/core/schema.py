@@ -68,6 +68,14 @@ class MessageRecord(InboxTable, table=True):
             "id",
             postgresql_where=text(f"status IN ({sql_list(DUE)})"),
         ),
+        # The due messages whose last attempt never finished, claimed one at a time: a tiny
+        # index, so looking for them each poll costs nothing however large the backlog (0006).
+        Index(
+            "inbox_messages_alone_idx",
+            "next_attempt_at",
+            "id",
+            postgresql_where=text(f"run_alone AND status IN ({sql_list(DUE)})"),
+        ),
         # Expired claims of crashed workers.
         Index(
             "inbox_messages_lease_idx",

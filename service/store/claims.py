@@ -152,15 +152,16 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
 # lease: `processing` until `locked_until`, then the reaper finishes it as abandoned. SKIP
 # LOCKED: rows another worker holds are not waited for, so concurrent workers (threads or
 # processes) take disjoint batches. Ordered on the partial due index (0001). A message whose
-# last attempt never finished (`run_alone`) is claimed only with `alone`, one at a time.
-CLAIM_DUE = """
+# last attempt never finished (`run_alone`) is claimed only with `alone`, one at a time, by
+# a statement of its own (the literal lets the planner use the tiny alone index, 0006).
+CLAIM = """
     WITH due AS (
         SELECT id
           FROM inbox_messages
          WHERE status IN ('pending', 'retrying')
            AND next_attempt_at <= now()
            AND source = ANY($1::text[])
-           AND run_alone = $4
+           AND run_alone = {alone}
          ORDER BY next_attempt_at, id
          LIMIT $3
            FOR UPDATE SKIP LOCKED
@@ -175,6 +176,8 @@ CLAIM_DUE = """
     RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
               m.headers, m.body, m.content_type, m.trace_context, m.budget_start
 """
+CLAIM_DUE = CLAIM.format(alone="false")
+CLAIM_ALONE = CLAIM.format(alone="true")
 
 
 # The claim's plan must not depend on statistics. A backlog the planner has not seen yet (a
@@ -182,8 +185,10 @@ CLAIM_DUE = """
 # an outage) is estimated at a few rows, and the planner then ANDs the due index with the
 # source index into a bitmap and sorts every due row to return the first `limit`: 25-40 ms per
 # claim of 100 from a 40,000-message backlog, growing with it, against 4 ms by the due index.
-# Disabling sorts for the claim's transaction leaves that index walk as the only plan.
+# Disabling sorts for the claim's transaction leaves that index walk as the only plan. The
+# reaper's transaction does the same for the lease index (NO_SORTS).
 CLAIM_BEGIN = "BEGIN; SET LOCAL enable_sort TO off"
+NO_SORTS = text("SET LOCAL enable_sort TO off")
 
 
 async def claim_due(
@@ -206,7 +211,7 @@ async def claim_due(
         try:
             await driver.execute(CLAIM_BEGIN)
             records = await driver.fetch(
-                CLAIM_DUE, list(leases), list(leases.values()), limit, alone
+                CLAIM_ALONE if alone else CLAIM_DUE, list(leases), list(leases.values()), limit
             )
             await driver.execute("COMMIT")
         except BaseException:
@@ -257,7 +262,8 @@ async def hold_claimed(conn: AsyncConnection, rows: Sequence[MessageRow]) -> set
     return {r.id for r in await conn.execute(HOLD_CLAIMED, params)}
 
 
-# The worker's cheap look, every poll: is a message that must run alone due?
+# The worker's cheap look, every poll: is a message that must run alone due? (The alone
+# index answers it, 0006.)
 ALONE_DUE = text(
     """
     SELECT EXISTS (
@@ -405,7 +411,8 @@ class ExpiredLease:
 async def expired_leases(
     conn: AsyncConnection, sources: Sequence[str], limit: int
 ) -> list[ExpiredLease]:
-    """Lock up to `limit` expired leases."""
+    """Lock up to `limit` expired leases (in the oldest first order of the lease index)."""
+    await conn.execute(NO_SORTS)
     rows = await conn.execute(EXPIRED_LEASES, {"sources": list(sources), "limit": limit})
     return [ExpiredLease(r.id, r.source, r.attempts, r.budget_start) for r in rows]
 

@@ -1,26 +1,47 @@
-"""The claim walks the due index in its order whatever the statistics say, so a backlog the
-planner has not seen yet drains at the rate a known one does."""
+"""The worker's statements read their partial indexes whatever the statistics say, so a
+backlog the planner has not seen yet drains at the rate a known one does."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
+import pytest
+from sqlalchemy import TextClause, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.db import create_engine
 from service.core.settings import Settings
-from service.store.claims import CLAIM_BEGIN, CLAIM_DUE, claim_due
+from service.store.claims import (
+    ALONE_DUE,
+    CLAIM_ALONE,
+    CLAIM_BEGIN,
+    CLAIM_DUE,
+    EXPIRED_LEASES,
+    NO_SORTS,
+    claim_due,
+    expired_leases,
+)
 
 BACKLOG = 20_000
-CLAIM_ARGS = (["burst"], [30.0], 100, False)  # sources, leases, limit, alone
+CLAIM_ARGS = (["burst"], [30.0], 100)  # sources, leases, limit
 
 
-async def analyzed_before_the_burst(db: asyncpg.Connection) -> None:
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database_url, Settings(database_url="x"))
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+async def stale(db: asyncpg.Connection) -> asyncpg.Connection:
     """The table as after an outage: analyzed while the inbox kept up (another source's
-    processed rows, a few pending), then a backlog from a source its statistics have never
-    seen, before autovacuum (kept off here) analyzes it again."""
+    processed rows, a few pending and in flight), then a backlog from a source its statistics
+    have never seen, before autovacuum (kept off here) analyzes it again. Three of the
+    backlog's claims have expired, and one message must run alone."""
     await db.execute("ALTER TABLE inbox_messages SET (autovacuum_enabled = false)")
     await db.execute(
         "INSERT INTO inbox_messages (source, message_id, body, status, processed_at) "
@@ -28,16 +49,26 @@ async def analyzed_before_the_burst(db: asyncpg.Connection) -> None:
         BACKLOG,
     )
     await db.execute(
-        "INSERT INTO inbox_messages (source, message_id, body) "
-        "SELECT 'usual', 'p' || g, '{}' FROM generate_series(1, 100) g"
+        "INSERT INTO inbox_messages (source, message_id, body, status, locked_until) "
+        "SELECT 'usual', 'p' || g, '{}', CASE WHEN g % 2 = 0 THEN 'pending' ELSE 'processing' "
+        "END, now() FROM generate_series(1, 100) g"
     )
     await db.execute("ANALYZE inbox_messages")
-    await db.execute("DELETE FROM inbox_messages WHERE status = 'pending'")
+    await db.execute("DELETE FROM inbox_messages WHERE status <> 'processed'")
     await db.execute(
         "INSERT INTO inbox_messages (source, message_id, body) "
         "SELECT 'burst', 'b' || g, '{}' FROM generate_series(1, $1) g",
         BACKLOG,
     )
+    await db.execute(
+        "UPDATE inbox_messages SET status = 'processing', attempts = 1, "
+        "locked_until = now() - interval '1 minute' WHERE message_id IN ('b1', 'b2', 'b3')"
+    )
+    await db.execute(
+        "UPDATE inbox_messages SET run_alone = true, status = 'retrying', attempts = 1 "
+        "WHERE message_id = 'b15000'"
+    )
+    return db
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -46,35 +77,76 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
-async def claim_plan(db: asyncpg.Connection, begin: str) -> list[dict[str, Any]]:
-    """The nodes of the plan the claim gets in a transaction begun with `begin` (not run)."""
+def sorts(plan: list[dict[str, Any]]) -> bool:
+    return any(node["Node Type"] == "Sort" for node in plan)
+
+
+def index_scans(plan: list[dict[str, Any]]) -> list[str]:
+    return [node["Index Name"] for node in plan if node["Node Type"] == "Index Scan"]
+
+
+async def claim_plan(db: asyncpg.Connection, begin: str, claim: str) -> list[dict[str, Any]]:
+    """The plan a claim gets in a transaction begun with `begin` (explained, not run)."""
     await db.execute(begin)
     try:
-        explained = await db.fetchval("EXPLAIN (FORMAT JSON) " + CLAIM_DUE, *CLAIM_ARGS)
+        explained = await db.fetchval("EXPLAIN (FORMAT JSON) " + claim, *CLAIM_ARGS)
     finally:
         await db.execute("ROLLBACK")
     return list(nodes(json.loads(explained)[0]["Plan"]))
 
 
-async def test_a_backlog_the_statistics_have_not_seen_is_claimed_in_due_index_order(
-    db: asyncpg.Connection, database_url: str
-) -> None:
-    await analyzed_before_the_burst(db)
-    # The arrangement does mislead the planner: left to itself, it sorts every due row.
-    unguided = await claim_plan(db, "BEGIN")
-    assert any(node["Node Type"] == "Sort" for node in unguided), unguided
-    # The claim's own transaction leaves it the due index, read in order up to the limit.
-    guided = await claim_plan(db, CLAIM_BEGIN)
-    assert not any(node["Node Type"] == "Sort" for node in guided), guided
-    scans = [node.get("Index Name") for node in guided if node["Node Type"] == "Index Scan"]
-    assert "inbox_messages_due_idx" in scans, guided
+async def plan_of(
+    engine: AsyncEngine, statement: TextClause, params: dict[str, Any], *, guided: bool
+) -> list[dict[str, Any]]:
+    async with engine.connect() as conn:
+        if guided:
+            await conn.execute(NO_SORTS)
+        explained = await conn.scalar(text("EXPLAIN (FORMAT JSON) " + statement.text), params)
+        await conn.rollback()
+    return list(nodes(explained[0]["Plan"]))
 
-    engine = create_engine(database_url, Settings(database_url="x"))
-    try:
-        claimed = await claim_due(engine, {"burst": 30.0}, 100)
-    finally:
-        await engine.dispose()
-    assert [row.message_id for row in claimed] == [f"b{n}" for n in range(1, 101)]
+
+async def test_a_backlog_the_statistics_have_not_seen_is_claimed_in_due_index_order(
+    stale: asyncpg.Connection, engine: AsyncEngine
+) -> None:
+    # The arrangement does mislead the planner: left to itself, it sorts every due row.
+    assert sorts(await claim_plan(stale, "BEGIN", CLAIM_DUE))
+    # The claim's own transaction leaves it the due index, read in order up to the limit.
+    guided = await claim_plan(stale, CLAIM_BEGIN, CLAIM_DUE)
+    assert not sorts(guided), guided
+    assert "inbox_messages_due_idx" in index_scans(guided), guided
+
+    claimed = await claim_due(engine, {"burst": 30.0}, 100)
+    # The oldest due first: b1-b3 are leased already.
+    assert [row.message_id for row in claimed] == [f"b{n}" for n in range(4, 104)]
     # The claim committed: the rows are leased, and its connection left no transaction open.
-    leased = await db.fetchval("SELECT count(*) FROM inbox_messages WHERE status = 'processing'")
-    assert leased == 100
+    leased = "SELECT count(*) FROM inbox_messages WHERE status = 'processing' AND attempts = 1"
+    assert await stale.fetchval(leased) == 103
+
+
+async def test_the_message_that_must_run_alone_is_found_by_its_own_index(
+    stale: asyncpg.Connection, engine: AsyncEngine
+) -> None:
+    look = await plan_of(engine, ALONE_DUE, {"sources": ["burst"]}, guided=False)
+    assert index_scans(look) == ["inbox_messages_alone_idx"], look
+    claim = await claim_plan(stale, CLAIM_BEGIN, CLAIM_ALONE)
+    assert "inbox_messages_alone_idx" in index_scans(claim), claim
+
+    (alone,) = await claim_due(engine, {"burst": 30.0}, 1, alone=True)
+    assert alone.message_id == "b15000"
+
+
+async def test_expired_leases_are_read_from_the_lease_index(
+    stale: asyncpg.Connection, engine: AsyncEngine
+) -> None:
+    params = {"sources": ["burst"], "limit": 100}
+    assert sorts(await plan_of(engine, EXPIRED_LEASES, params, guided=False))
+    guided = await plan_of(engine, EXPIRED_LEASES, params, guided=True)
+    assert index_scans(guided) == ["inbox_messages_lease_idx"], guided
+
+    async with engine.begin() as conn:
+        expired = await expired_leases(conn, ["burst"], 100)
+    ids = await stale.fetch(
+        "SELECT id FROM inbox_messages WHERE message_id IN ('b1', 'b2', 'b3') ORDER BY id"
+    )
+    assert sorted(lease.id for lease in expired) == [r["id"] for r in ids]
