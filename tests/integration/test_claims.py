@@ -1,8 +1,10 @@
-"""The worker's statements read their partial indexes whatever the statistics say, so a
-backlog the planner has not seen yet drains at the rate a known one does."""
+"""The worker's claims: their statements read their partial indexes whatever the statistics
+say (a backlog the planner has not seen yet drains at the rate a known one does), and a claim
+cut short leaves no transaction open on a pooled connection."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -150,3 +152,33 @@ async def test_expired_leases_are_read_from_the_lease_index(
         "SELECT id FROM inbox_messages WHERE message_id IN ('b1', 'b2', 'b3') ORDER BY id"
     )
     assert sorted(lease.id for lease in expired) == [r["id"] for r in ids]
+
+
+async def test_a_claim_cancelled_mid_statement_leaves_no_transaction_in_the_pool(
+    db: asyncpg.Connection, engine: AsyncEngine
+) -> None:
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) "
+        "SELECT 'burst', 'b' || g, '{}' FROM generate_series(1, 5) g"
+    )
+    lock = db.transaction()
+    await lock.start()
+    # The claim waits for this lock inside its transaction, and is cancelled there.
+    await db.execute("LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE")
+    claim = asyncio.create_task(claim_due(engine, {"burst": 30.0}, 100))
+    await asyncio.sleep(0.5)
+    assert not claim.done()
+    claim.cancel()
+    assert isinstance((await asyncio.gather(claim, return_exceptions=True))[0], BaseException)
+    await lock.rollback()
+
+    # Nothing was claimed, and the next claims (on whatever connection the pool hands out)
+    # run in transactions of their own and commit.
+    claimed = [len(await claim_due(engine, {"burst": 30.0}, 2)) for _ in range(3)]
+    assert claimed == [2, 2, 1]
+    left = await db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'webhook-inbox' AND state LIKE 'idle in transaction%'"
+    )
+    assert left == 0
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE attempts = 1") == 5
