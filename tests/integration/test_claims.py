@@ -166,7 +166,15 @@ async def test_a_claim_cancelled_mid_statement_leaves_no_transaction_in_the_pool
     # The claim waits for this lock inside its transaction, and is cancelled there.
     await db.execute("LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE")
     claim = asyncio.create_task(claim_due(engine, {"burst": 30.0}, 100))
-    await asyncio.sleep(0.5)
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'webhook-inbox' AND wait_event_type = 'Lock'"
+    )
+    async with asyncio.timeout(30):
+        while not await db.fetchval(waiting):
+            # Inside a transaction the activity view is read once and kept: read it afresh.
+            await db.execute("SELECT pg_stat_clear_snapshot()")
+            await asyncio.sleep(0.02)
     assert not claim.done()
     claim.cancel()
     assert isinstance((await asyncio.gather(claim, return_exceptions=True))[0], BaseException)
