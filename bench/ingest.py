@@ -36,6 +36,10 @@ from bench.systems import (
 MODES = {"unique": 0.0, "dup50": 0.5}
 
 
+# What `--systems` chooses from (bench/systems.py builds them).
+SYSTEMS = ("generic", "generic-serve", "standard-webhooks", "baseline-A", "baseline-B")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/ingest",
@@ -58,8 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--systems",
-        default="generic,generic-serve,standard-webhooks,baseline-A,baseline-B",
-        help="comma-separated subset of the systems to run",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of the systems to run ({', '.join(SYSTEMS)})",
     )
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 1 round of 3 s cells, 1 s warm-up"
@@ -75,6 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.duration, args.rounds, args.warmup = 3, 1, 1
     args.connections = [int(c) for c in args.connections.split(",")]
     args.systems = args.systems.split(",")
+    unknown = [name for name in args.systems if name not in SYSTEMS]
+    if unknown:
+        parser.error(f"unknown system {', '.join(unknown)}: choose from {', '.join(SYSTEMS)}")
     return args
 
 
