@@ -105,7 +105,8 @@ def build_processes(
             service_url,
         ),
         # The default `serve`: the same HTTP process, with a processing process beside it on
-        # the same two cores (it marks the handler-less source's messages processed).
+        # the same two cores (the handler-less source's messages are stored processed, so it
+        # only polls).
         Process(
             "service-serve",
             [*console_script("webhook-inbox"), "serve", "--no-migrate"],
