@@ -106,7 +106,7 @@ def build_processes(
         ),
         # The default `serve`: the same HTTP process, with a processing process beside it on
         # the same two cores (the handler-less source's messages are stored processed, so it
-        # only polls).
+        # has no message to run, only its polls and pruning).
         Process(
             "service-serve",
             [*console_script("webhook-inbox"), "serve", "--no-migrate"],
