@@ -129,6 +129,14 @@ async def sql_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
         await ctx.session.execute(text("SELECT * FROM no_such_table"))
 
 
+async def nul_in_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Records its effect, and fails for `bad*` ids with a NUL in the exception's message
+    (PostgreSQL's text cannot hold one)."""
+    await record(message, ctx)
+    if message.message_id.startswith("bad"):
+        raise ValueError("field\x00value")
+
+
 async def count_calls_fail_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
     """Like `sql_error_on_bad`, and every call is counted in `state["calls"]` (a list of ids)."""
     state.setdefault("calls", []).append(message.message_id)

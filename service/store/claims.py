@@ -352,20 +352,32 @@ async def finish_attempts(
         "delays": [r.delay_seconds for r in results],
         "unfinished": [r.unfinished for r in results],
         "last_errors": [
-            None if r.status == Status.PROCESSED else last_error_line(r) for r in results
+            None if r.status == Status.PROCESSED else storable(last_error_line(r)) for r in results
         ],
         "from_statuses": LEASED if leased else UNLEASED,
         "started": [r.started_at for r in results],
         "finished": [r.finished_at for r in results],
         "outcomes": [r.outcome for r in results],
-        "error_types": [r.error_type for r in results],
-        "errors": [r.error for r in results],
-        "tracebacks": [r.traceback for r in results],
+        "error_types": [storable(r.error_type) for r in results],
+        "errors": [storable(r.error) for r in results],
+        "tracebacks": [storable(r.traceback) for r in results],
         "durations": [r.duration_ms for r in results],
         "actor": actor,
     }
     rows = await conn.execute(FINISH_ATTEMPTS, params)
     return {row.message_id for row in rows}
+
+
+def storable(text: str | None) -> str | None:
+    """`text` as PostgreSQL's text can hold it: a NUL written out as `\\x00`, as repr() does.
+
+    An error message can carry one from a delivery's payload (`ValueError(payload["x"])`),
+    and the server refuses the whole statement for it: every attempt of the batch would fail
+    to be recorded, again on each retry.
+    """
+    if text is None or "\x00" not in text:
+        return text
+    return text.replace("\x00", "\\x00")
 
 
 def last_error_line(result: AttemptResult) -> str | None:

@@ -237,6 +237,24 @@ async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
     assert await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts") == 1
 
 
+async def test_an_error_message_with_a_nul_is_recorded_and_spares_the_rest_of_its_batch(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    await insert_messages(db, "good1", "bad", "good2")
+    cfg = config("tests.handlers:nul_in_error_on_bad", max_attempts=1)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(db, FINISHED, 3)
+    assert await status_of(db, "bad") == "dead"
+    effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
+    assert [e["message_id"] for e in effects] == ["good1", "good2"]
+    (failed,) = await attempts_of(db, "bad")
+    assert failed["error"] == "field\\x00value"  # the NUL written out, as repr() would
+    assert "field\\x00value" in failed["traceback"]
+    last_error = "SELECT last_error FROM inbox_messages WHERE message_id = 'bad'"
+    assert await db.fetchval(last_error) == "ValueError: field\\x00value"
+
+
 async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_once(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
