@@ -129,12 +129,16 @@ async def sql_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
         await ctx.session.execute(text("SELECT * FROM no_such_table"))
 
 
-async def nul_in_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
-    """Records its effect, and fails for `bad*` ids with a NUL in the exception's message
-    (PostgreSQL's text cannot hold one)."""
+# What `unstorable_error_on_bad` puts in its exception's message, by message id: characters
+# PostgreSQL's text cannot hold.
+UNSTORABLE = {"bad-nul": "field\x00value", "bad-surrogate": "field\udcffvalue"}
+
+
+async def unstorable_error_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Records its effect, and fails for the ids of `UNSTORABLE` with that message."""
     await record(message, ctx)
-    if message.message_id.startswith("bad"):
-        raise ValueError("field\x00value")
+    if message.message_id in UNSTORABLE:
+        raise ValueError(UNSTORABLE[message.message_id])
 
 
 async def count_calls_fail_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:

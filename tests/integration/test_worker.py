@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import asyncpg
+import pytest
 
 import tests.handlers as handlers
 from tests.conftest import AppFactory
@@ -237,22 +238,25 @@ async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
     assert await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts") == 1
 
 
-async def test_an_error_message_with_a_nul_is_recorded_and_spares_the_rest_of_its_batch(
-    client_for: AppFactory, db: asyncpg.Connection
+@pytest.mark.parametrize(
+    ("bad", "stored"), [("bad-nul", "field\\x00value"), ("bad-surrogate", "field\\udcffvalue")]
+)
+async def test_an_error_message_text_cannot_hold_is_recorded_and_spares_the_rest_of_its_batch(
+    client_for: AppFactory, db: asyncpg.Connection, bad: str, stored: str
 ) -> None:
     await create_effects(db)
-    await insert_messages(db, "good1", "bad", "good2")
-    cfg = config("tests.handlers:nul_in_error_on_bad", max_attempts=1)
+    await insert_messages(db, "good1", bad, "good2")
+    cfg = config("tests.handlers:unstorable_error_on_bad", max_attempts=1)
     async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
         await wait_until(db, FINISHED, 3)
-    assert await status_of(db, "bad") == "dead"
+    assert await status_of(db, bad) == "dead"
     effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
     assert [e["message_id"] for e in effects] == ["good1", "good2"]
-    (failed,) = await attempts_of(db, "bad")
-    assert failed["error"] == "field\\x00value"  # the NUL written out, as repr() would
-    assert "field\\x00value" in failed["traceback"]
-    last_error = "SELECT last_error FROM inbox_messages WHERE message_id = 'bad'"
-    assert await db.fetchval(last_error) == "ValueError: field\\x00value"
+    (failed,) = await attempts_of(db, bad)
+    assert failed["error"] == stored  # the character written out, as repr() would
+    assert failed["traceback"].endswith(f"ValueError: {stored}\n")
+    last_error = "SELECT last_error FROM inbox_messages WHERE message_id = $1"
+    assert await db.fetchval(last_error, bad) == f"ValueError: {stored}"
 
 
 async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_once(
