@@ -192,8 +192,9 @@ CLAIM_ALONE = CLAIM.format(alone="true")
 # claim of 100 from a 40,000-message backlog, growing with it, against 4 ms by the due index.
 # Disabling sorts for the claim's transaction leaves that index walk as the only plan. The
 # reaper's transaction does the same for the lease index (NO_SORTS).
-CLAIM_BEGIN = "BEGIN; SET LOCAL enable_sort TO off"
-NO_SORTS = text("SET LOCAL enable_sort TO off")
+_NO_SORTS = "SET LOCAL enable_sort TO off"
+CLAIM_BEGIN = f"BEGIN; {_NO_SORTS}"
+NO_SORTS = text(_NO_SORTS)
 
 
 async def claim_due(
