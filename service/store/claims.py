@@ -334,29 +334,27 @@ LEASED = [Status.PROCESSING.value]
 def _outcomes(results: Sequence[AttemptResult], leased: bool) -> str:
     """`results` as FINISH_ATTEMPTS reads them. `leased`: their attempts were counted when the
     rows were claimed; otherwise (rows inserted by this transaction) each counts now."""
-    return orjson.dumps(
-        [
-            {
-                "id": r.id,
-                "status": r.status,
-                "attempt": r.attempt,
-                "expected": r.attempt if leased else r.attempt - 1,
-                "delay": r.delay_seconds,
-                "last_error": None
-                if r.status == Status.PROCESSED
-                else storable(last_error_line(r)),
-                "unfinished": r.unfinished,
-                "started_at": r.started_at,
-                "finished_at": r.finished_at,
-                "outcome": r.outcome,
-                "error_type": storable(r.error_type),
-                "error": storable(r.error),
-                "traceback": storable(r.traceback),
-                "duration_ms": r.duration_ms,
-            }
-            for r in results
-        ]
-    ).decode()
+    return orjson.dumps([_outcome(r, leased) for r in results]).decode()
+
+
+def _outcome(r: AttemptResult, leased: bool) -> dict[str, object]:
+    error_type, error = storable(r.error_type), storable(r.error)
+    return {
+        "id": r.id,
+        "status": r.status,
+        "attempt": r.attempt,
+        "expected": r.attempt if leased else r.attempt - 1,
+        "delay": r.delay_seconds,
+        "last_error": None if r.status == Status.PROCESSED else last_error_line(error_type, error),
+        "unfinished": r.unfinished,
+        "started_at": r.started_at,
+        "finished_at": r.finished_at,
+        "outcome": r.outcome,
+        "error_type": error_type,
+        "error": error,
+        "traceback": storable(r.traceback),
+        "duration_ms": r.duration_ms,
+    }
 
 
 async def _finish(
@@ -409,10 +407,11 @@ def storable(text: str | None) -> str | None:
     return text
 
 
-def last_error_line(result: AttemptResult) -> str | None:
-    if result.error_type is None:
-        return result.error
-    return f"{result.error_type}: {result.error}" if result.error else result.error_type
+def last_error_line(error_type: str | None, error: str | None) -> str | None:
+    """The message row's `last_error`: the error's type and message in one line."""
+    if error_type is None:
+        return error
+    return f"{error_type}: {error}" if error else error_type
 
 
 async def record_results(
