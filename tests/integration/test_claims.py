@@ -33,9 +33,28 @@ CLAIM_ARGS = (["burst"], [30.0], 100)  # sources, leases, limit
 
 @pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(database_url, Settings(database_url="x"))
+    """One connection, so the statistics it reports are those of the code under test."""
+    engine = create_engine(database_url, Settings(database_url="x"), pool_size=1)
     yield engine
     await engine.dispose()
+
+
+async def index_entries_read(db: asyncpg.Connection, engine: AsyncEngine) -> dict[str, int]:
+    """How many entries each index of inbox_messages has returned so far, counting what
+    `engine`'s connection and `db` read until now (each made to report it first)."""
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+    await db.execute("SELECT pg_stat_force_next_flush()")
+    await db.execute("SELECT pg_stat_clear_snapshot()")
+    rows = await db.fetch(
+        "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes "
+        "WHERE relname = 'inbox_messages'"
+    )
+    return {r["indexrelname"]: r["idx_tup_read"] for r in rows}
+
+
+def read_since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: n - before[name] for name, n in after.items() if n > before[name]}
 
 
 @pytest.fixture
@@ -118,7 +137,13 @@ async def test_a_backlog_the_statistics_have_not_seen_is_claimed_in_due_index_or
     assert not sorts(guided), guided
     assert "inbox_messages_due_idx" in index_scans(guided), guided
 
+    before = await index_entries_read(stale, engine)
     claimed = await claim_due(engine, {"burst": 30.0}, 100)
+    # claim_due itself got that plan: a hundred-odd entries of the due index, and none of an
+    # index led by source (left to itself, the planner reads the burst's 20,000 there).
+    read = read_since(before, await index_entries_read(stale, engine))
+    assert set(read) <= {"inbox_messages_due_idx", "inbox_messages_pkey"}, read
+    assert read["inbox_messages_due_idx"] < 1_000, read
     # The oldest due first: b1-b3 are leased already.
     assert [row.message_id for row in claimed] == [f"b{n}" for n in range(4, 104)]
     # The claim committed: the rows are leased, and its connection left no transaction open.
@@ -146,8 +171,13 @@ async def test_expired_leases_are_read_from_the_lease_index(
     guided = await plan_of(engine, EXPIRED_LEASES, params, guided=True)
     assert index_scans(guided) == ["inbox_messages_lease_idx"], guided
 
+    before = await index_entries_read(stale, engine)
     async with engine.begin() as conn:
         expired = await expired_leases(conn, ["burst"], 100)
+    # expired_leases itself got that plan: the lease index, not the burst's 20,000 entries of
+    # an index led by source.
+    read = read_since(before, await index_entries_read(stale, engine))
+    assert set(read) == {"inbox_messages_lease_idx"}, read
     ids = await stale.fetch(
         "SELECT id FROM inbox_messages WHERE message_id IN ('b1', 'b2', 'b3') ORDER BY id"
     )
