@@ -159,8 +159,11 @@ async def test_the_message_that_must_run_alone_is_found_by_its_own_index(
     claim = await claim_plan(stale, CLAIM_BEGIN, CLAIM_ALONE)
     assert "inbox_messages_alone_idx" in index_scans(claim), claim
 
+    before = await index_entries_read(stale, engine)
     (alone,) = await claim_due(engine, {"burst": 30.0}, 1, alone=True)
     assert alone.message_id == "b15000"
+    read = read_since(before, await index_entries_read(stale, engine))
+    assert set(read) <= {"inbox_messages_alone_idx", "inbox_messages_pkey"}, read
 
 
 async def test_expired_leases_are_read_from_the_lease_index(
