@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -16,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.db import create_engine
 from service.core.settings import Settings
+from service.core.status import Status
 from service.store.claims import (
     ALONE_DUE,
     CLAIM_ALONE,
@@ -23,8 +25,10 @@ from service.store.claims import (
     CLAIM_DUE,
     EXPIRED_LEASES,
     NO_SORTS,
+    AttemptResult,
     claim_due,
     expired_leases,
+    finish_attempts,
 )
 
 BACKLOG = 20_000
@@ -223,3 +227,22 @@ async def test_a_claim_cancelled_mid_statement_leaves_no_transaction_in_the_pool
     )
     assert left == 0
     assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE attempts = 1") == 5
+
+
+async def test_recording_outcomes_outside_a_begun_transaction_is_refused_and_writes_nothing(
+    db: asyncpg.Connection, engine: AsyncEngine
+) -> None:
+    """The outcomes go to the driver connection; in a transaction SQLAlchemy has begun only
+    lazily they would commit alone, apart from the effects they belong with."""
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body, status, attempts) "
+        "VALUES ('burst', 'b1', '{}', 'processing', 1)"
+    )
+    row_id = await db.fetchval("SELECT id FROM inbox_messages")
+    now = datetime.now(UTC)
+    done = AttemptResult(row_id, 1, Status.PROCESSED, "processed", now, now)
+    async with engine.begin() as conn:
+        with pytest.raises(RuntimeError, match="transaction to have begun"):
+            await finish_attempts(conn, [done], "test", leased=True)
+    assert await db.fetchval("SELECT status FROM inbox_messages") == "processing"
+    assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
