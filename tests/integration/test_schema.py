@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from pathlib import Path
 
@@ -23,8 +24,14 @@ def pg_dump_binary() -> str:
     return found
 
 
+# Some builds of PostgreSQL (this machine's system server among them) give every column an
+# option of their own, `pg_attver`, numbered per database: set by the server, not by a schema.
+SERVER_OWN_OPTION = re.compile(r"ALTER TABLE ONLY \S+ ALTER COLUMN \S+ SET \(pg_attver=\d+\);")
+
+
 async def schema_dump(url: str) -> list[str]:
-    """`pg_dump --schema-only` without Alembic's own table, comments and session settings."""
+    """`pg_dump --schema-only` without Alembic's own table, comments, session settings and
+    options the server sets by itself."""
     process = await asyncio.create_subprocess_exec(
         pg_dump_binary(),
         "--schema-only",
@@ -43,6 +50,7 @@ async def schema_dump(url: str) -> list[str]:
         for line in lines
         if line.strip()
         and not line.startswith(("--", "SET ", "SELECT pg_catalog.", "\\restrict", "\\unrestrict"))
+        and not SERVER_OWN_OPTION.fullmatch(line)
     ]
 
 
