@@ -271,7 +271,7 @@ async def run_handlers(
             raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
         # Flush, not commit: joined "rollback_only", a commit would only flush too, and then
         # end the session's transaction for the next message to begin again.
-        if not defer_flush and not session.sync_session._is_clean():
+        if not defer_flush and (session.new or session.dirty or session.deleted):
             await session.flush()
         if isolated:
             savepoints.release()  # kept by the batch's COMMIT
