@@ -19,7 +19,6 @@ from service.api.state import AppState
 from service.core.admin_tokens import ensure_admin_tokens
 from service.core.db import create_engine, database_url
 from service.core.metrics import Metrics
-from service.core.migrations import head_revision
 from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import InboxConfig, load_inbox_config
@@ -72,7 +71,6 @@ def create_app(
             inbox=inbox,
             engine=engine,
             committer=committer,
-            head_revision=head_revision(),
             metrics=app_metrics,
             admin_tokens=tokens,
             cursor_key=cursor_key(tokens),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -10,8 +11,8 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from service.api.problems import problem, problem_responses
-from service.api.state import StateDep
-from service.core.migrations import current_revision
+from service.api.state import AppState, StateDep
+from service.core.migrations import current_revision, head_revision
 from service.store.errors import StoreUnavailable, translate_errors
 
 router = APIRouter(tags=["health"])
@@ -43,6 +44,14 @@ def processing_down(state_file: Path | None) -> bool:
     return bool(children.get("processing_expected")) and not children.get("processing_alive")
 
 
+async def expected_revision(state: AppState) -> str | None:
+    """The migrations' head, read once: on the first `/readyz`, in a thread, since reading it
+    imports Alembic, which most HTTP processes would otherwise load at start for nothing."""
+    if state.head_revision is None:
+        state.head_revision = await asyncio.to_thread(head_revision)
+    return state.head_revision
+
+
 @router.get("/readyz", response_model=Ready, responses=problem_responses(503))
 async def readyz(state: StateDep) -> Ready | Response:
     """The database answers, its schema is at head, and (under `serve`) a worker is alive."""
@@ -58,9 +67,9 @@ async def readyz(state: StateDep) -> Ready | Response:
             revision = await current_revision(state.engine)
     except StoreUnavailable:
         return problem(503, "database unreachable", headers={"Retry-After": "5"})
-    if revision != state.head_revision:
+    expected = await expected_revision(state)
+    if revision != expected:
         return problem(
-            503,
-            f"schema at {revision}, expected {state.head_revision}: run `webhook-inbox migrate`",
+            503, f"schema at {revision}, expected {expected}: run `webhook-inbox migrate`"
         )
     return Ready(status="ready", schema_revision=revision)

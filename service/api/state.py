@@ -23,7 +23,8 @@ class AppState:
     inbox: InboxConfig
     engine: AsyncEngine
     committer: GroupCommitter
-    head_revision: str | None
+    # The migrations' head revision: read from them by the first `/readyz`, not at start.
+    head_revision: str | None = None
     metrics: Metrics = field(default_factory=Metrics)
     # Admin bearer tokens in force (configured or generated); never logged or answered.
     admin_tokens: list[str] = field(default_factory=list, repr=False)

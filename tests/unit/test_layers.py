@@ -62,12 +62,12 @@ def test_the_layer_map_ranks_modules_as_intended() -> None:
     assert layer_of("service") == 6
 
 
-def test_the_http_process_loads_neither_the_worker_nor_its_http_client() -> None:
+def test_the_http_process_loads_neither_the_worker_nor_its_http_client_nor_alembic() -> None:
     # A fresh interpreter, as an HTTP child is: what importing the app and `serve` loads.
     # (Each module left out is start-up CPU every HTTP process and its restarts save.)
     probe = (
         "import sys, service.app, service.serve; "
-        "print(' '.join(m for m in ('httpx', 'jwt', 'service.worker.worker', "
+        "print(' '.join(m for m in ('httpx', 'jwt', 'alembic', 'service.worker.worker', "
         "'service.worker.runtime', 'service.processing.forward') if m in sys.modules))"
     )
     loaded = subprocess.run(
