@@ -19,7 +19,9 @@ RUN uv sync --frozen --no-dev --no-install-project
 COPY service ./service
 COPY alembic ./alembic
 COPY alembic.ini ./
-RUN uv sync --frozen --no-dev
+# UV_COMPILE_BYTECODE compiles site-packages only; the project is installed editable, so its
+# own modules are compiled here too, and no process of the image compiles them when it starts.
+RUN uv sync --frozen --no-dev && .venv/bin/python -m compileall -q service alembic
 
 FROM python:3.12-slim
 # A fixed numeric id, so that `USER` needs no passwd lookup and mounted files can be owned by it.
