@@ -63,13 +63,26 @@ def test_the_layer_map_ranks_modules_as_intended() -> None:
 
 
 def test_the_http_process_loads_neither_the_worker_nor_its_http_client_nor_alembic() -> None:
-    # A fresh interpreter, as an HTTP child is: what importing the app and `serve` loads.
+    # A fresh interpreter, as an HTTP child is: what importing the app and `serve` loads, and
+    # what its lifespan loads when it starts and stops (it connects to nothing until a request
+    # comes, so an unreachable database will do). /readyz alone reads the migrations' head.
     # (Each module left out is start-up CPU every HTTP process and its restarts save.)
-    probe = (
-        "import sys, service.app, service.serve; "
-        "print(' '.join(m for m in ('httpx', 'jwt', 'alembic', 'service.worker.worker', "
-        "'service.worker.runtime', 'service.processing.forward') if m in sys.modules))"
-    )
+    probe = """
+import asyncio, sys
+import service.app, service.serve
+from service.core.settings import Settings
+from service.sources.config_file import InboxConfig
+
+async def start_and_stop() -> None:
+    settings = Settings(database_url="postgresql://nobody@127.0.0.1:9/none", admin_tokens="t" * 32)
+    app = service.app.create_app(settings, InboxConfig())
+    async with app.router.lifespan_context(app):
+        pass
+
+asyncio.run(start_and_stop())
+print(" ".join(m for m in ("httpx", "jwt", "alembic", "service.worker.worker",
+    "service.worker.runtime", "service.processing.forward") if m in sys.modules))
+"""
     loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.split()
