@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from alembic import context
 from service.core.db import create_engine, database_url
+from service.core.migrations import MIGRATION_LOCK
 from service.core.schema import metadata
 from service.core.settings import Settings
 
@@ -20,12 +21,16 @@ target_metadata = metadata
 def run_migrations(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata)
     with context.begin_transaction():
+        # One migrator at a time: replicas started together on one database would otherwise
+        # run the same migration at once, and all but one fail on what the first created.
+        # The lock is the transaction's; whoever waited for it then finds the schema at head.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         context.run_migrations()
 
 
 async def run_standalone() -> None:
     settings = Settings()
-    engine = create_engine(database_url(settings), settings)
+    engine = create_engine(database_url(settings), settings, bounded_statements=False)
     async with engine.begin() as conn:
         await conn.run_sync(run_migrations)
     await engine.dispose()

@@ -68,8 +68,12 @@ def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
 
 
 async def migrate(url: str, settings: Settings) -> None:
-    """Apply the migrations; a database that cannot be reached raises `StoreUnavailable`."""
-    engine = create_engine(url, settings)
+    """Apply the migrations; a database that cannot be reached raises `StoreUnavailable`.
+
+    No statement of theirs is cut short: building an index over a large inbox takes as long
+    as it takes, and a start that gave up on it half-way would fail every time.
+    """
+    engine = create_engine(url, settings, bounded_statements=False)
     try:
         async with translate_errors():
             await upgrade(engine)

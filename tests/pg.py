@@ -19,6 +19,13 @@ from service.core.db import asyncpg_dsn, one_root_at_a_time
 
 log = logging.getLogger(__name__)
 
+# How many migrations wait for the migration lock (alembic/env.py) in the current database.
+LOCK_WAITERS = """
+    SELECT count(*) FROM pg_locks
+     WHERE locktype = 'advisory' AND NOT granted
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
 
 def with_database(url: str, name: str) -> str:
     """`url` pointing at database `name` instead."""

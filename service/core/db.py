@@ -45,8 +45,25 @@ def describe_url(url: str) -> str:
     return url
 
 
-def create_engine(url: str, settings: Settings, **overrides: Any) -> AsyncEngine:
-    """An asyncpg engine whose waits are bounded, so a sick database turns into quick 503s."""
+# The least time any one statement may take before the client gives up on it.
+MIN_COMMAND_TIMEOUT_SECONDS = 30.0
+
+
+def command_timeout(db_timeout_seconds: float) -> float:
+    """How long one statement may run before the client gives up on the server: a hung
+    server must not hold a connection (and what waits on it) forever."""
+    return max(db_timeout_seconds * 6, MIN_COMMAND_TIMEOUT_SECONDS)
+
+
+def create_engine(
+    url: str, settings: Settings, *, bounded_statements: bool = True, **overrides: Any
+) -> AsyncEngine:
+    """An asyncpg engine whose waits are bounded, so a sick database turns into quick 503s.
+
+    `bounded_statements=False` lifts the limit on each statement (the connect and pool waits
+    stay bounded): for migrations, whose index builds on a large inbox take minutes.
+    """
+    limit = command_timeout(settings.db_timeout_seconds) if bounded_statements else None
     options: dict[str, Any] = {
         "pool_size": settings.db_pool_size,
         "max_overflow": 0,
@@ -55,7 +72,7 @@ def create_engine(url: str, settings: Settings, **overrides: Any) -> AsyncEngine
         "pool_pre_ping": True,
         "connect_args": {
             "timeout": settings.db_timeout_seconds,
-            "command_timeout": max(settings.db_timeout_seconds * 6, 30),
+            "command_timeout": limit,
             "server_settings": {"application_name": "webhook-inbox"},
         },
     }

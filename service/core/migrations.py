@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
+# The advisory lock every migration holds (alembic/env.py): a fixed key of our own.
+MIGRATION_LOCK = 0x7765_6268_6F6F_6B21  # "webhook!"
 
 
 def alembic_config() -> Config:

@@ -13,6 +13,7 @@ import asyncpg
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core.db import command_timeout
 from service.core.tracing import stored
 from service.sources.base import Message, Recorded
 from service.store.errors import (
@@ -146,7 +147,7 @@ class GroupCommitter:
             url.render_as_string(hide_password=False),
             timeout=self.connect_timeout,
             # A hung server must not hold a flusher (and its batch's requests) forever.
-            command_timeout=max(self.connect_timeout * 6, 30),
+            command_timeout=command_timeout(self.connect_timeout),
             server_settings={"application_name": "webhook-inbox ingest"},
         )
         return connection

@@ -1,6 +1,6 @@
-"""The command line as a real process: a bad configuration stops `serve` with one line; help;
-`--version`; `send` (every kind, most of them run in this process) and `messages` against a
-running `serve`."""
+"""The command line as a real process: a bad configuration stops `serve` with one line; two
+`migrate`s at once; help; `--version`; `send` (every kind, most of them run in this process) and
+`messages` against a running `serve`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
 import pytest
 
+from service.core.db import asyncpg_dsn, describe_url
+from service.core.migrations import MIGRATION_LOCK, head_revision
 from tests.cli_runner import Ran, run_cli
-from tests.pg import with_database
+from tests.pg import LOCK_WAITERS, create_database, drop_database, with_database
+from tests.processing_helpers import wait_until
 from tests.send_sources import SENDABLE, SOURCES_TOML
 from tests.server import ServerProcess
 
@@ -82,6 +86,39 @@ def test_a_database_that_refuses_the_login_stops_migrate_with_one_line(
     assert ran.status == 3, ran.err
     (line,) = ran.err.strip().splitlines()
     assert line.endswith('is unavailable: database "no_such_database" does not exist')
+
+
+async def test_two_migrates_started_together_on_a_new_database_both_succeed(
+    pg_server: str, tmp_path: Path
+) -> None:
+    # As replicas started together do. Both are held at the migration lock until both wait
+    # there, so they do run at once; without the lock, the second failed on a duplicate
+    # type of the first's new tables (4 runs out of 4).
+    name = await create_database(pg_server)
+    url = with_database(pg_server, name)
+    holder = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        command = [str(Path(sys.executable).parent / "webhook-inbox"), "migrate"]
+        env = {**os.environ, "DATABASE_URL": url, "INBOX_LOG_LEVEL": "WARNING"}
+        migrates = [
+            subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        try:
+            await wait_until(holder, LOCK_WAITERS, 2, timeout=60)
+        finally:
+            await held.rollback()
+        outputs = [process.communicate(timeout=60)[0] for process in migrates]
+        assert [process.returncode for process in migrates] == [0, 0], outputs
+        assert outputs == [f"migrated {describe_url(url)} to head\n"] * 2
+        versions = await holder.fetch("SELECT version_num FROM alembic_version")
+        assert [v["version_num"] for v in versions] == [head_revision()]
+    finally:
+        await holder.close()
+        await drop_database(pg_server, name)
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["migrate"]])

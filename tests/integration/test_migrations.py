@@ -1,13 +1,27 @@
-"""Alembic migrations upgrade and downgrade cleanly on a real database."""
+"""Alembic migrations upgrade and downgrade cleanly on a real database, one migrator at a time,
+however long another one takes."""
 
 from __future__ import annotations
 
-import asyncpg
+import asyncio
 
+import asyncpg
+import pytest
+from sqlalchemy import text
+
+from service.core import db as db_module
 from service.core.db import asyncpg_dsn, create_engine
-from service.core.migrations import current_revision, downgrade, head_revision, upgrade
+from service.core.migrations import (
+    MIGRATION_LOCK,
+    current_revision,
+    downgrade,
+    head_revision,
+    upgrade,
+)
 from service.core.settings import Settings
-from tests.pg import create_database, drop_database, with_database
+from service.serve import migrate
+from tests.pg import LOCK_WAITERS, create_database, drop_database, with_database
+from tests.processing_helpers import wait_until
 
 
 async def tables(url: str) -> set[str]:
@@ -50,3 +64,37 @@ async def test_message_ids_are_unique_per_source(db: asyncpg.Connection) -> None
         pass
     else:
         raise AssertionError("a second (source, message_id) row was allowed")
+
+
+async def test_a_migration_waits_for_another_longer_than_a_statement_may_take(
+    pg_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Statements of the service's engines are cut at 0.5 s here (30 s as shipped): a wait for
+    # the migration lock, like an index build over a large inbox, takes longer than that.
+    monkeypatch.setattr(db_module, "MIN_COMMAND_TIMEOUT_SECONDS", 0.5)
+    settings = Settings(database_url="x", db_timeout_seconds=0.05)
+    name = await create_database(pg_server)
+    url = with_database(pg_server, name)
+    holder = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        bounded = create_engine(url, settings)
+        try:
+            async with bounded.connect() as conn:
+                with pytest.raises(TimeoutError):
+                    await conn.execute(text("SELECT pg_sleep(1)"))
+        finally:
+            await bounded.dispose()
+
+        other = holder.transaction()  # another migrator, holding the lock
+        await other.start()
+        await holder.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        migrating = asyncio.create_task(migrate(url, settings))
+        await wait_until(holder, LOCK_WAITERS, 1)
+        await asyncio.sleep(1.0)  # twice what one statement may take
+        assert not migrating.done()
+        await other.commit()
+        await asyncio.wait_for(migrating, 60)
+        assert await holder.fetchval("SELECT version_num FROM alembic_version") == head_revision()
+    finally:
+        await holder.close()
+        await drop_database(pg_server, name)
