@@ -8,7 +8,7 @@ from sqlalchemy import Connection, text
 
 from alembic import context
 from service.core.db import create_engine, database_url
-from service.core.migrations import MIGRATION_LOCK
+from service.core.migrations import MIGRATION_LOCK, refuse_unknown_revisions
 from service.core.schema import metadata
 from service.core.settings import Settings
 
@@ -25,6 +25,7 @@ def run_migrations(connection: Connection) -> None:
         # run the same migration at once, and all but one fail on what the first created.
         # The lock is the transaction's; whoever waited for it then finds the schema at head.
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        refuse_unknown_revisions(context.get_context(), context.script)
         context.run_migrations()
 
 

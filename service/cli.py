@@ -203,12 +203,16 @@ def describe_prune(report: PruneReport) -> str:
     return line
 
 
-def unreachable(settings: Settings, exc: Exception) -> NoReturn:
+def database_error(settings: Settings, exc: Exception) -> NoReturn:
     """A `CommandError` (exit 3, one line, as the operator commands stop) when the database
-    cannot be reached or refuses the login; any other error goes on as it is."""
+    cannot be reached, refuses the login, or was migrated by a newer release; any other
+    error goes on as it is."""
     from service.core.db import describe_url
+    from service.core.migrations import SchemaAhead
     from service.store.errors import StoreUnavailable, login_refusal
 
+    if isinstance(exc, SchemaAhead):
+        raise CommandError(str(exc), Exit.UNAVAILABLE) from None
     reason = str(exc) if isinstance(exc, StoreUnavailable) else login_refusal(exc)
     if reason is None:
         raise exc
@@ -223,7 +227,7 @@ def serve(args: argparse.Namespace) -> None:
     try:
         run(args, settings, inbox)
     except Exception as exc:
-        unreachable(settings, exc)
+        database_error(settings, exc)
 
 
 def run_on_fast_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -295,7 +299,7 @@ def run_command(args: argparse.Namespace) -> None:
         try:
             asyncio.run(migrate(url, settings))
         except Exception as exc:
-            unreachable(settings, exc)
+            database_error(settings, exc)
         print(f"migrated {describe_url(url)} to head")
     elif args.command == "prune":
         from service.core.db import database_url
@@ -305,7 +309,7 @@ def run_command(args: argparse.Namespace) -> None:
         try:
             report = asyncio.run(prune_once(url, settings, inbox))
         except Exception as exc:
-            unreachable(settings, exc)
+            database_error(settings, exc)
         print(describe_prune(report))
     else:  # pragma: no cover - argparse refuses unknown commands
         sys.exit(2)

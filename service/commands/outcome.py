@@ -14,7 +14,8 @@ class Exit(IntEnum):
     FAILED = 1
     # Bad options or values, a configuration error, a source `send` cannot sign for.
     USAGE = 2
-    # No database to reach (not running, not migrated) or no service answering.
+    # No database to use (not running, not migrated, migrated by a newer release) or no
+    # service answering.
     UNAVAILABLE = 3
 
 

@@ -14,6 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
 
 ROOT = Path(__file__).resolve().parents[2]
 # The advisory lock every migration holds (alembic/env.py): a fixed key of our own.
@@ -34,8 +36,34 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+class SchemaAhead(Exception):
+    """The database is at a revision this release has no migration for: a newer release
+    migrated it (a rollback, or an older replica started beside a newer one)."""
+
+    def __init__(self, revision: str, head: str | None) -> None:
+        super().__init__(
+            f"the database's schema is at revision {revision}, which this release does not "
+            f"know (its newest is {head}): a newer release migrated it; run that release, or "
+            "downgrade the schema with it first"
+        )
+        self.revision = revision
+
+
+def refuse_unknown_revisions(migration: MigrationContext, script: ScriptDirectory) -> None:
+    """`SchemaAhead` when the database is at a revision `script` has no migration for (run by
+    alembic/env.py under the migration lock, before any migration)."""
+    from alembic.util import CommandError
+
+    for current in migration.get_current_heads():
+        try:
+            script.get_revision(current)
+        except CommandError:
+            raise SchemaAhead(current, script.get_current_head()) from None
+
+
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    """Apply migrations up to `revision` over a connection of `engine`."""
+    """Apply migrations up to `revision` over a connection of `engine`; `SchemaAhead` when
+    the database is already past what this release knows."""
 
     def run(connection: Connection) -> None:
         from alembic import command

@@ -1,6 +1,6 @@
 """The command line as a real process: a bad configuration stops `serve` with one line; two
-`migrate`s at once; help; `--version`; `send` (every kind, most of them run in this process) and
-`messages` against a running `serve`."""
+`migrate`s at once; a schema newer than the release; help; `--version`; `send` (every kind,
+most of them run in this process) and `messages` against a running `serve`."""
 
 from __future__ import annotations
 
@@ -119,6 +119,25 @@ async def test_two_migrates_started_together_on_a_new_database_both_succeed(
     finally:
         await holder.close()
         await drop_database(pg_server, name)
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["serve", "--no-worker"]])
+async def test_a_database_migrated_by_a_newer_release_stops_the_command_with_one_line(
+    command: list[str], database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    # A rollback: the release that migrated the database past this one's head is gone.
+    await db.execute("UPDATE alembic_version SET version_num = '9001_from_the_future'")
+    (tmp_path / "inbox.toml").write_text("")
+    ran = webhook_inbox(*command, env={"DATABASE_URL": database_url}, cwd=tmp_path)
+    assert ran.status == 3, ran.err
+    (line,) = ran.err.strip().splitlines()  # no traceback
+    assert line == (
+        f"webhook-inbox {command[0]}: the database's schema is at revision "
+        f"9001_from_the_future, which this release does not know (its newest is "
+        f"{head_revision()}): a newer release migrated it; run that release, or downgrade the "
+        "schema with it first"
+    )
+    assert await db.fetchval("SELECT version_num FROM alembic_version") == "9001_from_the_future"
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["migrate"]])
