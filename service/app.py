@@ -22,6 +22,7 @@ from service.core.metrics import Metrics
 from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import InboxConfig, load_inbox_config
+from service.store.counts import ProcessedCounts
 from service.store.errors import StoreUnavailable
 from service.store.group_commit import GroupCommitter
 
@@ -71,6 +72,7 @@ def create_app(
             inbox=inbox,
             engine=engine,
             committer=committer,
+            processed_counts=ProcessedCounts(engine),
             metrics=app_metrics,
             admin_tokens=tokens,
             cursor_key=cursor_key(tokens),
@@ -84,6 +86,7 @@ def create_app(
         finally:
             app.direct_ingest = None
             await committer.close()
+            await app.state.inbox.processed_counts.close()
             await engine.dispose()
 
     app = InboxApp(

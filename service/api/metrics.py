@@ -10,7 +10,7 @@ from starlette.responses import Response
 from service.api.state import StateDep
 from service.core.metrics import CONTENT_TYPE, InboxSnapshot
 from service.core.schema import UNFINISHED, Status
-from service.store.admin import status_counts
+from service.store.counts import status_counts
 from service.store.errors import StoreUnavailable
 
 log = logging.getLogger("service.metrics")
@@ -19,12 +19,13 @@ router = APIRouter(tags=["health"])
 
 
 # Scrapes within this many seconds of the last one are answered from its snapshot: several
-# Prometheus replicas (or a scrape every second) then cost one GROUP BY, not one each.
+# Prometheus replicas (or a scrape every second) then cost one read, not one each.
 SNAPSHOT_CACHE_SECONDS = 2.0
 
 
 async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
-    """Counts by source and status from one GROUP BY; None (series omitted) if the DB is down.
+    """Counts by source and status (`service.store.counts`); None (series omitted) if the
+    database is down.
 
     Every gauge derived from the table is read here, at scrape time, by whichever HTTP process
     answers: the database is the one truth every process shares, so under `serve` nothing of
@@ -32,7 +33,7 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
     left by a process that died).
     """
     try:
-        groups = await status_counts(state.engine)
+        groups = await status_counts(state.engine, state.processed_counts)
     except StoreUnavailable as exc:
         log.warning("metrics: database unavailable", extra={"error": str(exc)})
         return None

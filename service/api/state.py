@@ -14,6 +14,7 @@ from service.core.metrics import Metrics
 from service.core.settings import Settings
 from service.processing.pipeline import Pipeline
 from service.sources.config_file import InboxConfig
+from service.store.counts import ProcessedCounts
 from service.store.group_commit import GroupCommitter
 
 
@@ -23,6 +24,8 @@ class AppState:
     inbox: InboxConfig
     engine: AsyncEngine
     committer: GroupCommitter
+    # The processed messages per source, for `/metrics` and the statistics.
+    processed_counts: ProcessedCounts
     # The migrations' head revision: read from them by the first `/readyz`, not at start.
     head_revision: str | None = None
     metrics: Metrics = field(default_factory=Metrics)

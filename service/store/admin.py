@@ -380,15 +380,6 @@ async def bulk_retry(
     return result
 
 
-STATUS_COUNTS = text(
-    """
-    SELECT source, status, count(*) AS n,
-           extract(epoch FROM now() - min(received_at)) AS oldest_age
-      FROM inbox_messages
-     GROUP BY source, status
-    """
-)
-
 RECENT_ATTEMPTS = text(
     """
     SELECT count(*) FILTER (WHERE NOT is_admin) AS attempts,
@@ -400,23 +391,6 @@ RECENT_ATTEMPTS = text(
              WHERE started_at >= now() - interval '1 hour') AS recent
     """
 )
-
-
-@dataclass(frozen=True)
-class StatusCount:
-    source: str
-    status: str
-    count: int
-    oldest_age_seconds: float
-
-
-async def status_counts(engine: AsyncEngine) -> list[StatusCount]:
-    """Rows per (source, status), with the age of each group's oldest row."""
-    async with translate_errors(), engine.connect() as conn:
-        rows = await conn.execute(STATUS_COUNTS)
-        return [
-            StatusCount(r.source, r.status, int(r.n), max(float(r.oldest_age), 0.0)) for r in rows
-        ]
 
 
 async def recent_attempts(engine: AsyncEngine) -> tuple[int, int, int]:
