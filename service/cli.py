@@ -242,6 +242,23 @@ def run_on_fast_loop(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
+async def migrated(settings: Settings, url: str) -> bool:
+    """False when the database answers and has no inbox tables (a worker started before
+    `migrate`); True otherwise, unreachable included: the worker then waits for it, as ever."""
+    from service.core.db import create_engine
+    from service.core.migrations import has_inbox_tables
+    from service.store.errors import StoreUnavailable, translate_errors
+
+    engine = create_engine(url, settings, pool_size=1)
+    try:
+        async with translate_errors():
+            return await has_inbox_tables(engine)
+    except StoreUnavailable:
+        return True
+    finally:
+        await engine.dispose()
+
+
 def worker(args: argparse.Namespace) -> None:
     from service.core.db import database_url, describe_url
     from service.core.metrics import Metrics
@@ -263,6 +280,11 @@ def worker(args: argparse.Namespace) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        if not await migrated(settings, url):
+            raise CommandError(
+                f"database {describe_url(url)} has no inbox tables: run `webhook-inbox migrate`",
+                Exit.UNAVAILABLE,
+            )
         metrics = Metrics(sources=inbox.sources)
         await run_worker(settings, url, pipelines, stop, metrics=metrics, retention=inbox)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 if TYPE_CHECKING:
@@ -96,3 +96,10 @@ async def current_revision(engine: AsyncEngine) -> str | None:
 
     async with engine.connect() as conn:
         return await conn.run_sync(read)
+
+
+async def has_inbox_tables(engine: AsyncEngine) -> bool:
+    """Whether any migration has run here (`inbox_messages` exists), without loading Alembic."""
+    async with engine.connect() as conn:
+        found = await conn.scalar(text("SELECT to_regclass('inbox_messages') IS NOT NULL"))
+    return bool(found)
