@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from service.commands import db_url as db_url_command
 from service.commands import inbox as inbox_commands
 from service.commands import send as send_command
-from service.commands.outcome import CommandError, Exit
+from service.commands.outcome import CommandError, Exit, not_migrated
 
 # What a command needs is imported when it runs, not here: `--help` and `--version` answer
 # at once, and the supervisor and each child pay only for their own role (no admin API in a
@@ -281,10 +281,7 @@ def worker(args: argparse.Namespace) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         if not await migrated(settings, url):
-            raise CommandError(
-                f"database {describe_url(url)} has no inbox tables: run `webhook-inbox migrate`",
-                Exit.UNAVAILABLE,
-            )
+            raise not_migrated(describe_url(url))
         metrics = Metrics(sources=inbox.sources)
         await run_worker(settings, url, pipelines, stop, metrics=metrics, retention=inbox)
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.commands.outcome import CommandError, Exit
+from service.commands.outcome import CommandError, Exit, not_migrated
 from service.core.db import async_url, create_engine, describe_url, start_embedded_postgres
 from service.core.logging import configure_logging
 from service.core.settings import Settings, format_validation_error
@@ -93,9 +93,6 @@ async def operator_engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
     except ProgrammingError as exc:
         if "UndefinedTableError" not in str(exc) and "does not exist" not in str(exc):
             raise
-        raise CommandError(
-            f"database {describe_url(url)} has no inbox tables: run `webhook-inbox migrate`",
-            Exit.UNAVAILABLE,
-        ) from None
+        raise not_migrated(describe_url(url)) from None
     finally:
         await engine.dispose()

@@ -26,3 +26,11 @@ class CommandError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+def not_migrated(described_url: str) -> CommandError:
+    """The end of a command that found the database without the inbox's tables."""
+    return CommandError(
+        f"database {described_url} has no inbox tables: run `webhook-inbox migrate`",
+        Exit.UNAVAILABLE,
+    )
