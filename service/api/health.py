@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from service.api.problems import problem, problem_responses
 from service.api.state import AppState, StateDep
-from service.core.migrations import current_revision, head_revision
+from service.core.migrations import Revisions, current_revision, revisions
 from service.store.errors import StoreUnavailable, translate_errors
 
 router = APIRouter(tags=["health"])
@@ -44,12 +44,12 @@ def processing_down(state_file: Path | None) -> bool:
     return bool(children.get("processing_expected")) and not children.get("processing_alive")
 
 
-async def expected_revision(state: AppState) -> str | None:
-    """The migrations' head, read once: on the first `/readyz`, in a thread, since reading it
-    imports Alembic, which most HTTP processes would otherwise load at start for nothing."""
-    if state.head_revision is None:
-        state.head_revision = await asyncio.to_thread(head_revision)
-    return state.head_revision
+async def release_revisions(state: AppState) -> Revisions:
+    """The migrations' revisions, read once: on the first `/readyz`, in a thread, since reading
+    them imports Alembic, which most HTTP processes would otherwise load at start for nothing."""
+    if state.revisions is None:
+        state.revisions = await asyncio.to_thread(revisions)
+    return state.revisions
 
 
 @router.get("/readyz", response_model=Ready, responses=problem_responses(503))
@@ -67,9 +67,15 @@ async def readyz(state: StateDep) -> Ready | Response:
             revision = await current_revision(state.engine)
     except StoreUnavailable:
         return problem(503, "database unreachable", headers={"Retry-After": "5"})
-    expected = await expected_revision(state)
-    if revision != expected:
+    expected = await release_revisions(state)
+    if revision is not None and revision not in expected.known:
         return problem(
-            503, f"schema at {revision}, expected {expected}: run `webhook-inbox migrate`"
+            503,
+            f"schema at {revision}, newer than this release knows (its newest is "
+            f"{expected.head}): a newer release migrated the database",
+        )
+    if revision != expected.head:
+        return problem(
+            503, f"schema at {revision}, expected {expected.head}: run `webhook-inbox migrate`"
         )
     return Ready(status="ready", schema_revision=revision)

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.metrics import Metrics
+from service.core.migrations import Revisions
 from service.core.settings import Settings
 from service.processing.pipeline import Pipeline
 from service.sources.config_file import InboxConfig
@@ -26,8 +27,8 @@ class AppState:
     committer: GroupCommitter
     # The processed messages per source, for `/metrics` and the statistics.
     processed_counts: ProcessedCounts
-    # The migrations' head revision: read from them by the first `/readyz`, not at start.
-    head_revision: str | None = None
+    # The migrations' revisions: read from them by the first `/readyz`, not at start.
+    revisions: Revisions | None = None
     metrics: Metrics = field(default_factory=Metrics)
     # Admin bearer tokens in force (configured or generated); never logged or answered.
     admin_tokens: list[str] = field(default_factory=list, repr=False)

@@ -7,7 +7,7 @@ HTTP process that never runs a migration would load at every start (0.25 s of CP
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -34,6 +34,19 @@ def head_revision() -> str | None:
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+class Revisions(NamedTuple):
+    head: str | None
+    known: frozenset[str]  # every revision this release has a migration for
+
+
+def revisions() -> Revisions:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config())
+    known = frozenset(r.revision for r in script.walk_revisions())
+    return Revisions(script.get_current_head(), known)
 
 
 class SchemaAhead(Exception):
