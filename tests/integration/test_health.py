@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 from service.core.migrations import head_revision
 from tests.conftest import AppFactory
@@ -16,29 +17,25 @@ async def test_healthz_and_readyz(client_for: AppFactory) -> None:
     assert ready.json()["status"] == "ready"
 
 
-async def test_readyz_is_503_when_schema_is_behind(
-    client_for: AppFactory, db: asyncpg.Connection
+@pytest.mark.parametrize(
+    ("revision", "detail"),
+    [
+        ("0004", "schema at 0004, expected {head}: run `webhook-inbox migrate`"),
+        (
+            "9001_from_the_future",  # a rollback: a newer release migrated the database
+            "schema at 9001_from_the_future, newer than this release knows (its newest is "
+            "{head}): a newer release migrated the database",
+        ),
+    ],
+)
+async def test_readyz_is_503_and_says_why_when_the_schema_is_not_at_head(
+    client_for: AppFactory, db: asyncpg.Connection, revision: str, detail: str
 ) -> None:
-    await db.execute("UPDATE alembic_version SET version_num = '0004'")
+    await db.execute("UPDATE alembic_version SET version_num = $1", revision)
     async with client_for({}) as client:
         ready = await client.get("/readyz")
     assert ready.status_code == 503
-    assert ready.json()["detail"] == (
-        f"schema at 0004, expected {head_revision()}: run `webhook-inbox migrate`"
-    )
-
-
-async def test_readyz_is_503_and_says_so_when_a_newer_release_migrated(
-    client_for: AppFactory, db: asyncpg.Connection
-) -> None:
-    await db.execute("UPDATE alembic_version SET version_num = '9001_from_the_future'")
-    async with client_for({}) as client:
-        ready = await client.get("/readyz")
-    assert ready.status_code == 503
-    assert ready.json()["detail"] == (
-        "schema at 9001_from_the_future, newer than this release knows (its newest is "
-        f"{head_revision()}): a newer release migrated the database"
-    )
+    assert ready.json()["detail"] == detail.format(head=head_revision())
 
 
 async def test_openapi_documents_ingest(client_for: AppFactory) -> None:
