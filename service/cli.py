@@ -205,18 +205,20 @@ def describe_prune(report: PruneReport) -> str:
 
 def database_error(settings: Settings, exc: Exception) -> NoReturn:
     """A `CommandError` (exit 3, one line, as the operator commands stop) when the database
-    cannot be reached, refuses the login, or was migrated by a newer release; any other
-    error goes on as it is."""
+    cannot be reached, refuses the login, has no inbox tables, or was migrated by a newer
+    release; any other error goes on as it is."""
     from service.core.db import describe_url
     from service.core.migrations import SchemaAhead
-    from service.store.errors import StoreUnavailable, login_refusal
+    from service.store.errors import StoreUnavailable, is_missing_table, login_refusal
 
+    where = describe_url(settings.database_url) if settings.database_url else "embedded"
     if isinstance(exc, SchemaAhead):
         raise CommandError(str(exc), Exit.UNAVAILABLE) from None
+    if is_missing_table(exc):
+        raise not_migrated(where) from None
     reason = str(exc) if isinstance(exc, StoreUnavailable) else login_refusal(exc)
     if reason is None:
         raise exc
-    where = describe_url(settings.database_url) if settings.database_url else "embedded"
     raise CommandError(f"database {where} is unavailable: {reason}", Exit.UNAVAILABLE) from None
 
 

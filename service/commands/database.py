@@ -21,7 +21,7 @@ from service.commands.outcome import CommandError, Exit, not_migrated
 from service.core.db import async_url, create_engine, describe_url, start_embedded_postgres
 from service.core.logging import configure_logging
 from service.core.settings import Settings, format_validation_error
-from service.store.errors import StoreUnavailable
+from service.store.errors import StoreUnavailable, is_missing_table
 
 ELSEWHERE = "run it where `webhook-inbox serve` runs, or set INBOX_DATA_DIR or DATABASE_URL"
 
@@ -91,7 +91,7 @@ async def operator_engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
             f"database {describe_url(url)} is unavailable: {exc}", Exit.UNAVAILABLE
         ) from None
     except ProgrammingError as exc:
-        if "UndefinedTableError" not in str(exc) and "does not exist" not in str(exc):
+        if not is_missing_table(exc):
             raise
         raise not_migrated(describe_url(url)) from None
     finally:

@@ -106,6 +106,17 @@ def login_refusal(exc: BaseException) -> str | None:
     return None
 
 
+def is_missing_table(exc: BaseException) -> bool:
+    """Whether `exc` is the server's "relation does not exist": a database no migration has
+    run on (or, for a table of the inbox's, one migrated by an unrelated project)."""
+    error: BaseException | None = exc
+    while error is not None:
+        if isinstance(error, asyncpg.UndefinedTableError):
+            return True
+        error = error.orig if isinstance(error, DBAPIError) else error.__cause__
+    return False
+
+
 @asynccontextmanager
 async def translate_errors() -> AsyncIterator[None]:
     """Turn the driver's "database unreachable" errors into `StoreUnavailable`."""

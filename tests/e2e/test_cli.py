@@ -1,5 +1,5 @@
 """The command line as a real process: a bad configuration stops `serve` with one line; two
-`migrate`s at once; a schema newer than the release, or none for a worker; help; `--version`;
+`migrate`s at once; a schema newer than the release, or none; help; `--version`;
 `send` (every kind, most of them run in this process) and `messages` against a running
 `serve`."""
 
@@ -122,18 +122,19 @@ async def test_two_migrates_started_together_on_a_new_database_both_succeed(
         await drop_database(pg_server, name)
 
 
-async def test_a_worker_started_before_migrate_stops_with_one_line(
-    pg_server: str, tmp_path: Path
+@pytest.mark.parametrize("command", ["worker", "prune"])
+async def test_a_command_started_before_migrate_stops_with_one_line(
+    command: str, pg_server: str, tmp_path: Path
 ) -> None:
     name = await create_database(pg_server)  # empty: no migration has run
     url = with_database(pg_server, name)
     try:
         (tmp_path / "inbox.toml").write_text("")
-        ran = webhook_inbox("worker", env={"DATABASE_URL": url}, cwd=tmp_path)
+        ran = webhook_inbox(command, env={"DATABASE_URL": url}, cwd=tmp_path)
         assert ran.status == 3, ran.err
         (line,) = ran.err.strip().splitlines()  # no traceback
         assert line == (
-            f"webhook-inbox worker: database {describe_url(url)} has no inbox tables: run "
+            f"webhook-inbox {command}: database {describe_url(url)} has no inbox tables: run "
             "`webhook-inbox migrate`"
         )
     finally:
