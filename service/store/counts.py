@@ -99,8 +99,13 @@ class ProcessedCounts:
                 self._start_counting().add_done_callback(_log_failure)
             return self._kept
         # shield: a request that is cancelled while it waits does not cancel the count the
-        # others wait on too.
-        return await asyncio.shield(self._counting or self._start_counting())
+        # others wait on too. Its failure reaches whoever waits; the callback only marks it
+        # retrieved, for when all of them were cancelled.
+        counting = self._counting
+        if counting is None:
+            counting = self._start_counting()
+            counting.add_done_callback(_retrieved)
+        return await asyncio.shield(counting)
 
     def _start_counting(self) -> asyncio.Task[dict[str, int]]:
         self._counting = asyncio.get_running_loop().create_task(self._count())
@@ -124,8 +129,13 @@ class ProcessedCounts:
         """Stop a count in progress (before the engine is disposed)."""
         if self._counting is not None:
             self._counting.cancel()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._counting
+
+
+def _retrieved(task: asyncio.Task[dict[str, int]]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _log_failure(task: asyncio.Task[dict[str, int]]) -> None:
