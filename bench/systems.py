@@ -125,4 +125,9 @@ def build_processes(
     ]
     for process in processes:
         process.targets = [t for t in process.targets if t.name in args.systems]
-    return [p for p in processes if p.targets]
+    kept = [p for p in processes if p.targets]
+    # The databases only left-out systems use (`--systems`): nothing else would drop them.
+    unused = {p.database_url for p in processes} - {p.database_url for p in kept}
+    for url in sorted(u for u in unused if u):
+        asyncio.run(pg.drop_database(url))
+    return kept
