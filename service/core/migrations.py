@@ -41,12 +41,15 @@ class Revisions(NamedTuple):
     known: frozenset[str]  # every revision this release has a migration for
 
 
+def known_revisions(script: ScriptDirectory) -> frozenset[str]:
+    return frozenset(r.revision for r in script.walk_revisions())
+
+
 def revisions() -> Revisions:
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(alembic_config())
-    known = frozenset(r.revision for r in script.walk_revisions())
-    return Revisions(script.get_current_head(), known)
+    return Revisions(script.get_current_head(), known_revisions(script))
 
 
 class SchemaAhead(Exception):
@@ -65,13 +68,9 @@ class SchemaAhead(Exception):
 def refuse_unknown_revisions(migration: MigrationContext, script: ScriptDirectory) -> None:
     """`SchemaAhead` when the database is at a revision `script` has no migration for (run by
     alembic/env.py under the migration lock, before any migration)."""
-    from alembic.util import CommandError
-
-    for current in migration.get_current_heads():
-        try:
-            script.get_revision(current)
-        except CommandError:
-            raise SchemaAhead(current, script.get_current_head()) from None
+    unknown = set(migration.get_current_heads()) - known_revisions(script)
+    if unknown:
+        raise SchemaAhead(min(unknown), script.get_current_head())
 
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:

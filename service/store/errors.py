@@ -64,11 +64,20 @@ def is_refusal(exc: BaseException) -> bool:
     return False
 
 
+def _underlying(
+    exc: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first error of `kinds` down `exc`'s chain: SQLAlchemy's wrapper, its asyncpg
+    adapter's, then the driver's own error; None when none is."""
+    error: BaseException | None = exc
+    while error is not None and not isinstance(error, kinds):
+        error = error.orig if isinstance(error, DBAPIError) else error.__cause__
+    return error
+
+
 def refused(exc: BaseException) -> StoreRefused:
     """`StoreRefused` saying in one line why the database refused a row (`is_refusal(exc)`)."""
-    error: BaseException | None = exc
-    while error is not None and not isinstance(error, asyncpg.PostgresError | ValueError):
-        error = error.orig if isinstance(error, DBAPIError) else error.__cause__
+    error = _underlying(exc, (asyncpg.PostgresError, ValueError))
     if isinstance(error, asyncpg.PostgresError) and error.__cause__ is None:
         # The server's first line names the limit or constraint, never the value.
         return StoreRefused(str(error).splitlines()[0][:200])
@@ -98,23 +107,14 @@ _LOGIN_REFUSALS = (
 def login_refusal(exc: BaseException) -> str | None:
     """The server's one line when `exc` is its refusal of the connection itself (a wrong role,
     password or database name: no retry helps), else None."""
-    error: BaseException | None = exc
-    while error is not None:
-        if isinstance(error, _LOGIN_REFUSALS):
-            return str(error).splitlines()[0][:200]
-        error = error.orig if isinstance(error, DBAPIError) else error.__cause__
-    return None
+    error = _underlying(exc, _LOGIN_REFUSALS)
+    return None if error is None else str(error).splitlines()[0][:200]
 
 
 def is_missing_table(exc: BaseException) -> bool:
     """Whether `exc` is the server's "relation does not exist": a database no migration has
     run on (or, for a table of the inbox's, one migrated by an unrelated project)."""
-    error: BaseException | None = exc
-    while error is not None:
-        if isinstance(error, asyncpg.UndefinedTableError):
-            return True
-        error = error.orig if isinstance(error, DBAPIError) else error.__cause__
-    return False
+    return _underlying(exc, asyncpg.UndefinedTableError) is not None
 
 
 @asynccontextmanager
