@@ -148,18 +148,24 @@ def positive(value: str) -> int:
 
 
 def load(
-    settings_only: bool = False, role: str = "cli", **overrides: Any
+    settings_only: bool = False,
+    role: str = "cli",
+    *,
+    handlers: bool = True,
+    tracing: bool = True,
+    **overrides: Any,
 ) -> tuple[Settings, InboxConfig, dict[str, Pipeline]]:
     """Settings, sources and their imported handlers, or exit 1 with one line naming the fault.
 
     `role` is stamped on every log line of this process (supervisor, http, processing, cli).
+    Without `handlers`, no handler module is imported (and the pipelines are empty); without
+    `tracing`, OTEL_* is not read.
     """
     from pydantic import ValidationError
 
-    from service.core import tracing
+    from service.core import tracing as traces
     from service.core.logging import configure_logging
     from service.core.settings import ConfigError, Settings, format_validation_error
-    from service.processing.pipeline import resolve_pipelines
     from service.sources.config_file import InboxConfig, load_inbox_config
 
     try:
@@ -168,7 +174,8 @@ def load(
         raise SystemExit(f"config error: {format_validation_error('env', exc)}") from None
     configure_logging(settings.log_level, settings.log_format, role=role)
     try:
-        tracing.configure_from_environment(role)
+        if tracing:
+            traces.configure_from_environment(role)
     except ValueError as exc:
         raise SystemExit(f"config error: {exc}") from None
     if settings_only:
@@ -177,11 +184,18 @@ def load(
         inbox = load_inbox_config(Path(settings.config), required=settings.config_is_set)
     except ConfigError as exc:
         raise SystemExit(f"config error: {exc}") from None
+    return settings, inbox, (import_handlers(settings, inbox) if handlers else {})
+
+
+def import_handlers(settings: Settings, inbox: InboxConfig) -> dict[str, Pipeline]:
+    """The sources' pipelines, their handler modules imported; or exit 1 naming the fault."""
+    from service.core.settings import ConfigError
+    from service.processing.pipeline import resolve_pipelines
+
     try:
-        pipelines = resolve_pipelines(inbox)
+        return resolve_pipelines(inbox)
     except ConfigError as exc:
         raise SystemExit(f"config error: {settings.config}: {exc}") from None
-    return settings, inbox, pipelines
 
 
 async def prune_once(url: str, settings: Settings, inbox: InboxConfig) -> PruneReport:
@@ -225,7 +239,9 @@ def database_error(settings: Settings, exc: Exception) -> NoReturn:
 def serve(args: argparse.Namespace) -> None:
     from service.serve import serve as run
 
-    settings, inbox, _ = load(role="supervisor")
+    # The supervisor imports no handler module (it checks them in a child: service/serve.py)
+    # and traces nothing: its children are forked from it.
+    settings, inbox, _ = load(role="supervisor", handlers=False, tracing=False)
     try:
         run(args, settings, inbox)
     except Exception as exc:

@@ -4,10 +4,17 @@ As gunicorn's arbiter and uvicorn's supervisor do: the work happens in children 
 alone. A child that exits is logged with its exit status and started again after a backoff
 that doubles while it keeps dying young; SIGTERM, SIGINT or SIGHUP is passed on to every child
 as SIGTERM, and the parent waits for them to drain before it returns.
+
+On Linux a role with `run` starts as a fork of the supervisor, as gunicorn starts its workers:
+the child begins with the modules the supervisor imported, so a start or restart costs about a
+tenth of the CPU an interpreter importing them all again would. Elsewhere, or while this process
+runs a thread besides the main one (fork copies only the calling thread, and any lock another
+one held stays held), the child executes `argv` instead.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import logging
@@ -15,11 +22,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn, Protocol
 
 log = logging.getLogger("service.supervisor")
 
@@ -39,13 +49,34 @@ class Role:
     argv: Sequence[str]
     count: int
     pass_fds: tuple[int, ...] = ()
+    # What a forked child runs, in place of executing `argv`; its process title on Linux.
+    run: Callable[[], object] | None = None
+    title: str = ""
+
+
+class Process(Protocol):
+    """What the supervisor uses of a child: `subprocess.Popen`'s calls, or `ForkedProcess`'s."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 @dataclass
 class Child:
     role: Role
     slot: int
-    process: subprocess.Popen[bytes] | None = None
+    process: Process | None = None
     started_at: float = 0.0
     failures: int = 0
     restart_at: float | None = 0.0  # when to (re)start; None while running
@@ -78,6 +109,105 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
+class ForkedProcess:
+    """A forked child, with the `subprocess.Popen` calls the supervisor makes of its children
+    (a status is the exit code, or minus the signal that killed it)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(TICK_SECONDS / 5)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def can_fork() -> bool:
+    """Whether a child may be forked from this process now: Linux, and no thread but this one."""
+    return sys.platform == "linux" and threading.active_count() == 1
+
+
+def fork(role: Role, env: Mapping[str, str]) -> ForkedProcess:
+    """Start `role.run` in a child forked from this process, with `env` as its environment."""
+    sys.stdout.flush()  # or the child would write what this process had buffered a second time
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child never returns here; its tests watch it run
+        _run_forked(role, env)
+    return ForkedProcess(pid)
+
+
+def _run_forked(role: Role, env: Mapping[str, str]) -> NoReturn:  # pragma: no cover - in a child
+    """The forked child: set up as an executed one would be, run the role, and leave by
+    `os._exit`. Returning or raising would unwind the supervisor's own stack, whose `finally`
+    blocks remove its state directory and stop the embedded PostgreSQL."""
+    status = 1
+    try:
+        os.setpgid(0, 0)  # as `process_group=0`: the terminal's Ctrl-C reaches the supervisor
+        _die_with_parent()
+        # The supervisor's handlers would only set a flag in this copy of it.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        atexit._clear()  # the supervisor's exit functions are its own; the child's run below
+        _set_title(role.title or role.name)  # first: setproctitle needs the environment as it was
+        environment = dict(env)  # `env` may be os.environ itself
+        os.environ.clear()
+        os.environ.update(environment)
+        assert role.run is not None
+        role.run()
+        status = 0
+    except SystemExit as exc:
+        status = _exit_status(exc)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """What the interpreter would exit with after `exc`, printing a message as it would."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _set_title(title: str) -> None:  # pragma: no cover - in a child
+    """What `ps` and `top` show for a forked child: otherwise the supervisor's command line."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
+
+
 class Supervisor:
     """Keeps `roles` running until a stop signal, then drains them within `stop_timeout`."""
 
@@ -95,6 +225,7 @@ class Supervisor:
         self.stop_timeout = stop_timeout
         self._stop_signal: int | None = None
         self._written: dict[str, int] | None = None
+        self._told_exec = False
 
     def run(self) -> int:
         """Supervise until asked to stop; 0 once every child has exited."""
@@ -123,7 +254,11 @@ class Supervisor:
         now = time.monotonic()
         for child in self.children:
             process = child.process
-            if process is not None and child.restart_at is None and process.poll() is not None:
+            if (
+                process is not None
+                and child.restart_at is None
+                and (code := process.poll()) is not None
+            ):
                 lived = now - child.started_at
                 child.failures = 1 if lived >= STABLE_SECONDS else child.failures + 1
                 delay = restart_delay(child.failures)
@@ -133,7 +268,7 @@ class Supervisor:
                     extra={
                         "child_role": child.role.name,
                         "child_pid": process.pid,
-                        "exit_status": describe_exit(process.returncode),
+                        "exit_status": describe_exit(code),
                         "lived_s": round(lived, 3),
                         "restart_in_s": delay,
                     },
@@ -144,14 +279,24 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         role = child.role
-        try:
-            child.process = subprocess.Popen(
-                list(role.argv),
-                env=self.env,
-                pass_fds=role.pass_fds,
-                process_group=0,  # the terminal's Ctrl-C reaches the supervisor alone
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        forking = role.run is not None and can_fork()
+        if role.run is not None and not forking and not self._told_exec:
+            self._told_exec = True
+            log.info(
+                "children are executed, not forked",
+                extra={"platform": sys.platform, "threads": threading.active_count()},
             )
+        try:
+            if forking:
+                child.process = fork(role, self.env)
+            else:
+                child.process = subprocess.Popen(
+                    list(role.argv),
+                    env=self.env,
+                    pass_fds=role.pass_fds,
+                    process_group=0,  # the terminal's Ctrl-C reaches the supervisor alone
+                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                )
         except OSError as exc:
             child.failures += 1
             child.restart_at = time.monotonic() + restart_delay(child.failures)

@@ -39,6 +39,17 @@ MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN_SOURCE = ""
 
 
+def follow_multiprocess_environment() -> None:
+    """Make the metrics created from now on follow `MULTIPROCESS_ENV` as it is set now.
+
+    prometheus_client reads it once, when it is imported; a child forked by `serve` finds it
+    imported by the supervisor, which runs without it.
+    """
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
 @dataclass(frozen=True)
 class InboxSnapshot:
     """The inbox as the database saw it at one moment: counts and the oldest unfinished age."""

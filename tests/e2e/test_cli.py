@@ -24,20 +24,21 @@ from tests.send_sources import SENDABLE, SOURCES_TOML
 from tests.server import ServerProcess
 
 
-def serve_refusing(config: Path) -> str:
-    """Start `serve` with INBOX_CONFIG=`config`; return the one line it exits with."""
+def serve_refusing(config: Path, **env: str) -> str:
+    """Start `serve` with INBOX_CONFIG=`config`; return the one line it exits with (status 1)."""
     result = subprocess.run(
         [sys.executable, "-m", "service", "serve"],
         env={
             "INBOX_CONFIG": str(config),
             "PATH": "/usr/bin:/bin",
             "DATABASE_URL": "postgresql://x",
+            **env,
         },
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr
     (line,) = result.stderr.strip().splitlines()
     return line
 
@@ -47,6 +48,28 @@ def test_serve_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
     path.write_text('[sources.pay]\nkind = "generic"\nid_header = "x"\nmax_attempts = 0\n')
     line = serve_refusing(path)
     assert line.startswith(f"config error: {path}: sources.pay.max_attempts:")
+
+
+def test_serve_refuses_a_handler_that_does_not_import_with_one_line(tmp_path: Path) -> None:
+    # The supervisor imports no handler module: a child forked to check them says this.
+    path = tmp_path / "inbox.toml"
+    path.write_text(
+        '[sources.pay]\nkind = "generic"\nid_header = "x"\nhandlers = ["no_such_module:go"]\n'
+    )
+    assert serve_refusing(path) == (
+        f"config error: {path}: sources.pay.handlers[0]: cannot import module "
+        "'no_such_module': ModuleNotFoundError: No module named 'no_such_module'"
+    )
+
+
+def test_serve_refuses_a_tracing_protocol_it_cannot_export_with_one_line(tmp_path: Path) -> None:
+    # The supervisor traces nothing itself: the checking child reads OTEL_* as children would.
+    path = tmp_path / "inbox.toml"
+    path.write_text("")
+    line = serve_refusing(
+        path, OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_PROTOCOL="http/json"
+    )
+    assert line.startswith("config error: OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json' is not")
 
 
 @pytest.mark.parametrize(

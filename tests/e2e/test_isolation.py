@@ -69,10 +69,22 @@ def log_events(server: ServerProcess) -> list[dict[str, Any]]:
     return events
 
 
-def processing_children(server: ServerProcess) -> list[psutil.Process]:
+def children_titled(server: ServerProcess, title: str) -> list[psutil.Process]:
+    """The supervisor's live children of one role: forked from it, each is known by the title
+    it sets (a killed one, not yet reaped, has none)."""
     assert server.process is not None
-    children = psutil.Process(server.process.pid).children()
-    return [p for p in children if "worker" in p.cmdline()]
+    found = []
+    for child in psutil.Process(server.process.pid).children():
+        try:
+            if title in child.cmdline():
+                found.append(child)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            pass
+    return found
+
+
+def processing_children(server: ServerProcess) -> list[psutil.Process]:
+    return children_titled(server, "webhook-inbox serve: processing")
 
 
 async def deliver(
@@ -277,3 +289,46 @@ async def test_sigterm_drains_both_roles_and_stops_the_embedded_database(
             await db.close()
     finally:
         embedded.stop()
+
+
+# A handler module that notes each process importing it.
+IMPORT_PROBE = """
+import os
+from pathlib import Path
+
+with (Path(__file__).parent / "imported-by").open("a") as f:
+    f.write(f"{os.getpid()}\\n")
+
+
+async def handle(message, ctx):
+    pass
+"""
+
+
+async def test_each_child_imports_the_handlers_afresh_and_the_supervisor_none(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    # Children are forked from the supervisor: were the handler modules imported there, every
+    # child would share what they opened on import, and a restart would run the old code.
+    (tmp_path / "import_probe.py").write_text(IMPORT_PROBE)
+    importers = tmp_path / "imported-by"
+    toml = source_toml("record").replace("tests.handlers:record", "import_probe:handle")
+    with serving(tmp_path, toml, DATABASE_URL=database_url) as server:
+        assert server.process is not None
+        await wait_listening(db, 1)
+        (first,) = processing_children(server)
+        (http,) = children_titled(server, "webhook-inbox serve: http")
+        first.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            restarted = [p for p in processing_children(server) if p.pid != first.pid]
+            if restarted and str(restarted[0].pid) in importers.read_text().split():
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"no processing child imported the handlers again: {importers}")
+        pids = [int(line) for line in importers.read_text().split()]
+    assert server.process.pid not in pids
+    # The child that checked them at start, the HTTP child, and both processing children.
+    assert len(set(pids)) == len(pids) == 4
+    assert {http.pid, first.pid, restarted[0].pid} < set(pids)
