@@ -166,6 +166,7 @@ def load(
     from service.core import tracing as traces
     from service.core.logging import configure_logging
     from service.core.settings import ConfigError, Settings, format_validation_error
+    from service.processing.pipeline import resolve_pipelines
     from service.sources.config_file import InboxConfig, load_inbox_config
 
     try:
@@ -184,18 +185,13 @@ def load(
         inbox = load_inbox_config(Path(settings.config), required=settings.config_is_set)
     except ConfigError as exc:
         raise SystemExit(f"config error: {exc}") from None
-    return settings, inbox, (import_handlers(settings, inbox) if handlers else {})
-
-
-def import_handlers(settings: Settings, inbox: InboxConfig) -> dict[str, Pipeline]:
-    """The sources' pipelines, their handler modules imported; or exit 1 naming the fault."""
-    from service.core.settings import ConfigError
-    from service.processing.pipeline import resolve_pipelines
-
+    if not handlers:
+        return settings, inbox, {}
     try:
-        return resolve_pipelines(inbox)
+        pipelines = resolve_pipelines(inbox)
     except ConfigError as exc:
         raise SystemExit(f"config error: {settings.config}: {exc}") from None
+    return settings, inbox, pipelines
 
 
 async def prune_once(url: str, settings: Settings, inbox: InboxConfig) -> PruneReport:

@@ -119,8 +119,7 @@ def check_children_config() -> None:
     if not can_fork():
         check()
         return
-    status = fork(Role("check", (), 1, run=check, title="webhook-inbox serve: check"), os.environ)
-    if (code := status.wait()) != 0:
+    if (code := fork(check, "webhook-inbox serve: check", os.environ).wait()) != 0:
         raise SystemExit(code)
 
 

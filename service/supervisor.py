@@ -145,18 +145,21 @@ def can_fork() -> bool:
     return sys.platform == "linux" and threading.active_count() == 1
 
 
-def fork(role: Role, env: Mapping[str, str]) -> ForkedProcess:
-    """Start `role.run` in a child forked from this process, with `env` as its environment."""
+def fork(run: Callable[[], object], title: str, env: Mapping[str, str]) -> ForkedProcess:
+    """Start `run` in a child forked from this process, titled `title`, with `env` as its
+    environment."""
     sys.stdout.flush()  # or the child would write what this process had buffered a second time
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child never returns here; its tests watch it run
-        _run_forked(role, env)
+        _run_forked(run, title, env)
     return ForkedProcess(pid)
 
 
-def _run_forked(role: Role, env: Mapping[str, str]) -> NoReturn:  # pragma: no cover - in a child
-    """The forked child: set up as an executed one would be, run the role, and leave by
+def _run_forked(  # pragma: no cover - in a child
+    run: Callable[[], object], title: str, env: Mapping[str, str]
+) -> NoReturn:
+    """The forked child: set up as an executed one would be, call `run`, and leave by
     `os._exit`. Returning or raising would unwind the supervisor's own stack, whose `finally`
     blocks remove its state directory and stop the embedded PostgreSQL."""
     status = 1
@@ -168,12 +171,11 @@ def _run_forked(role: Role, env: Mapping[str, str]) -> NoReturn:  # pragma: no c
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         atexit._clear()  # the supervisor's exit functions are its own; the child's run below
-        _set_title(role.title or role.name)  # first: setproctitle needs the environment as it was
+        _set_title(title)  # first: setproctitle needs the environment as it was
         environment = dict(env)  # `env` may be os.environ itself
         os.environ.clear()
         os.environ.update(environment)
-        assert role.run is not None
-        role.run()
+        run()
         status = 0
     except SystemExit as exc:
         status = _exit_status(exc)
@@ -279,16 +281,16 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         role = child.role
-        forking = role.run is not None and can_fork()
-        if role.run is not None and not forking and not self._told_exec:
+        run = role.run if can_fork() else None
+        if role.run is not None and run is None and not self._told_exec:
             self._told_exec = True
             log.info(
                 "children are executed, not forked",
                 extra={"platform": sys.platform, "threads": threading.active_count()},
             )
         try:
-            if forking:
-                child.process = fork(role, self.env)
+            if run is not None:
+                child.process = fork(run, role.title or role.name, self.env)
             else:
                 child.process = subprocess.Popen(
                     list(role.argv),

@@ -60,7 +60,7 @@ def test_a_child_that_keeps_dying_is_restarted_later_each_time_and_the_rest_drai
 FORKING = """
 import atexit, os, signal, sys, time
 from pathlib import Path
-from service.supervisor import Role, fork
+from service.supervisor import fork
 
 out = Path(sys.argv[1])
 
@@ -95,8 +95,8 @@ def waits():
 try:
     statuses = []
     for run in (returns, exits, raises):
-        statuses.append(fork(Role(run.__name__, (), 1, run=run), {"ONLY": "this"}).wait(30))
-    waiting = fork(Role("w", (), 1, run=waits, title="test-child: waits"), {})
+        statuses.append(fork(run, run.__name__, {"ONLY": "this"}).wait(30))
+    waiting = fork(waits, "test-child: waits", {})
     while not (out / "waiting").exists():
         time.sleep(0.01)
     title = Path(f"/proc/{waiting.pid}/cmdline").read_bytes().split(b"\\0")[0].decode()
