@@ -47,6 +47,11 @@ async def add_row(message: InboxMessage, ctx: HandlerContext) -> None:
     ctx.session.add(BenchEffect(inbox_id=message.id, message_id=message.message_id))
 
 
+async def nothing(message: InboxMessage, ctx: HandlerContext) -> None:
+    """No effect: the control drain, which measures what the worker itself costs per message
+    (claim, run, record), so that the effect styles above show what their own row costs."""
+
+
 class SoakFailure(RuntimeError):
     """The failure bench/soak asks for by message id."""
 

@@ -41,10 +41,12 @@ id_header = "X-Message-Id"
 handlers = ["bench.handlers:{handler}"]
 """
 
-# The handler styles a drain can run, each writing one bench_effects row per message:
-# `execute`: `await ctx.session.execute(INSERT ...)`, a statement and a round trip each;
-# `add`: `ctx.session.add(BenchEffect(...))`, flushed once per batch as one multi-row INSERT.
-HANDLERS = {"execute": "insert_row", "add": "add_row"}
+# The handler styles a drain can run. Each of the first two writes one bench_effects row per
+# message: `execute`: `await ctx.session.execute(INSERT ...)`, a statement and a round trip
+# each; `add`: `ctx.session.add(BenchEffect(...))`, flushed once per batch as one multi-row
+# INSERT. `noop` writes nothing: the control, whose CPU per message is the worker's own.
+HANDLERS = {"execute": "insert_row", "add": "add_row", "noop": "nothing"}
+CONTROL = "noop"
 
 # 20,000 pending messages in one statement, the way ingest would have stored them (a JSON body
 # of the usual size, its headers), then one NOTIFY as ingest sends per batch.
@@ -68,10 +70,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="worker process counts to run (1,2)")
     parser.add_argument(
         "--handlers",
-        default="execute,add",
+        default="execute,add,noop",
         help="handler styles the drains run, each in every round: execute (one INSERT "
-        "statement per message) and add (ctx.session.add, one flush per batch) (execute,add); "
-        "the latency runs use the first",
+        "statement per message), add (ctx.session.add, one flush per batch) and noop (no "
+        "effect: the worker's own cost) (execute,add,noop); the latency runs use the first, "
+        "which must write an effect",
     )
     parser.add_argument(
         "--rates",
@@ -111,6 +114,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.handlers) - set(HANDLERS)
     if unknown or not args.handlers:
         parser.error(f"--handlers: choose among {', '.join(HANDLERS)}")
+    if args.handlers[0] == CONTROL and not args.skip_latency:
+        parser.error(
+            f"--handlers: the latency runs time the first style's effect rows, and {CONTROL} "
+            "writes none: put execute or add first, or add --skip-latency"
+        )
     args.rates = [float(r) for r in args.rates.split(",") if r]
     return args
 
@@ -186,8 +194,9 @@ async def wait_drained(url: str, timeout: float) -> bool:
         await conn.close()
 
 
-async def verify(url: str, expected: int) -> dict[str, Any]:
-    """Each message processed, and exactly one effect row per message."""
+async def verify(url: str, expected: int, handler: str) -> dict[str, Any]:
+    """Each message processed on its first attempt, and exactly one effect row per message
+    (none for the control)."""
     conn = await asyncpg.connect(url)
     try:
         row = await conn.fetchrow(
@@ -203,12 +212,14 @@ async def verify(url: str, expected: int) -> dict[str, Any]:
             """
         )
         facts = dict(row)
+        effects = 0 if handler == CONTROL else expected
         facts["exactly_once"] = (
             facts["messages"] == expected
             and facts["processed"] == expected
-            and facts["effects"] == expected
-            and facts["distinct_effects"] == expected
-            and facts["without_effect"] == 0
+            and facts["attempts"] == expected
+            and facts["effects"] == effects
+            and facts["distinct_effects"] == effects
+            and facts["without_effect"] == expected - effects
         )
         return facts
     finally:
@@ -293,7 +304,7 @@ def run_drain(
         if not drained:
             raise RuntimeError(f"{workers} worker(s) did not drain the backlog in 600 s")
         span = asyncio.run(drain_span(url, committed))
-        verified = asyncio.run(verify(url, messages))
+        verified = asyncio.run(verify(url, messages, handler))
     finally:
         peaks = [s.stop() for s in samplers]
         for p in procs:
@@ -394,9 +405,34 @@ def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]
                 lines.append(f"webhook-inbox {handler} handler / pgqueuer {mode}: {ratio:.2f}x")
     lines.append(
         "handlers: execute = ctx.session.execute(INSERT) per message; add = ctx.session.add(row), "
-        "flushed once per batch"
+        "flushed once per batch; noop = no effect (the worker's own cost)"
     )
+    lines += cpu_per_message(drains, pgq)
     return "\n".join(lines)
+
+
+def cpu_per_message(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The one-worker drains' CPU per message, medians over rounds, and what the effect styles
+    cost beyond the control: the worker's own share set apart from the handler's row."""
+    per: dict[str, float] = {}
+    for handler in HANDLERS:
+        runs = [d for d in drains if d.workers == 1 and d.handler == handler]
+        if runs:
+            per[handler] = median([d.cpu_seconds[0] / d.messages * 1e6 for d in runs])
+    if not per:
+        return []
+    shown = [f"{handler} {us:.0f}" for handler, us in per.items()]
+    shown += [
+        f"pgqueuer {mode} {median([r['cpu_seconds'] / r['jobs'] * 1e6 for r in results]):.0f}"
+        for mode, results in pgq.items()
+        if results
+    ]
+    lines = [f"CPU us per message, one process: {', '.join(shown)}"]
+    if CONTROL in per:
+        beyond = [f"{h} {us - per[CONTROL]:.0f}" for h, us in per.items() if h != CONTROL]
+        if beyond:
+            lines.append(f"  of which the handler's effect (beyond {CONTROL}): {', '.join(beyond)}")
+    return lines
 
 
 async def latency_facts(url: str, prefix: str) -> dict[str, Any]:
@@ -625,6 +661,8 @@ def targets(
         lines.append(f"  {'PASS' if ok else 'FAIL'}  {what:<52} {measured}")
 
     for handler, one in one_worker_rates(drains).items():
+        if handler == CONTROL:
+            continue  # a one-row effect is what the targets ask for; the control writes none
         line(
             median(one) >= 3000,
             f">= 3000 msgs/s with one worker process, {handler}",
