@@ -276,7 +276,7 @@ async def migrated(settings: Settings, url: str) -> bool:
 def worker(args: argparse.Namespace) -> None:
     from service.core.db import database_url, describe_url
     from service.core.metrics import Metrics
-    from service.worker.runtime import run_worker
+    from service.worker.runtime import run_worker, settle_collector
     from service.worker.worker import WorkerCrashed
 
     settings, inbox, pipelines = load(
@@ -288,6 +288,7 @@ def worker(args: argparse.Namespace) -> None:
     )
     url = database_url(settings)
     log.info("database", extra={"url": describe_url(url)})
+    settle_collector()
 
     async def run() -> None:
         stop = asyncio.Event()
