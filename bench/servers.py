@@ -120,10 +120,12 @@ class Server:
 
     @property
     def http_pid(self) -> int:
-        """The process that serves requests: under `serve`, its (first) HTTP child."""
+        """The process that serves requests: under `serve`, its (first) HTTP child, found by
+        its title when forked and by its command line when executed (service/serve.py)."""
         for process in process_tree(self.pid)[1:]:
             with contextlib.suppress(psutil.Error):
-                if "service.serve" in process.cmdline():
+                command = " ".join(process.cmdline())
+                if "webhook-inbox serve: http" in command or "-m service.serve" in command:
                     return process.pid
         return self.pid
 
