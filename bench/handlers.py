@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import text
+from sqlalchemy import BigInteger, DateTime, Text, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlmodel import Field, SQLModel
 
 from service import HandlerContext, InboxMessage
@@ -45,6 +46,29 @@ async def add_row(message: InboxMessage, ctx: HandlerContext) -> None:
     """One row per message, staged the SQLModel way: the worker flushes a batch's rows at once
     (one multi-row INSERT), so this costs no round trip of its own."""
     ctx.session.add(BenchEffect(inbox_id=message.id, message_id=message.message_id))
+
+
+class MappedBase(DeclarativeBase):
+    """A registry of plain SQLAlchemy mapped classes, apart from SQLModel's."""
+
+
+class MappedEffect(MappedBase):
+    """`bench_effects` as a plain SQLAlchemy mapped class, for the `add_mapped_row` handler:
+    no pydantic validation when a row is built."""
+
+    __tablename__ = "bench_effects"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    inbox_id: Mapped[int] = mapped_column(BigInteger)
+    message_id: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), server_default=text("clock_timestamp()")
+    )
+
+
+async def add_mapped_row(message: InboxMessage, ctx: HandlerContext) -> None:
+    """As `add_row`, with a plain SQLAlchemy mapped class instead of a SQLModel table."""
+    ctx.session.add(MappedEffect(inbox_id=message.id, message_id=message.message_id))
 
 
 async def nothing(message: InboxMessage, ctx: HandlerContext) -> None:

@@ -41,11 +41,17 @@ id_header = "X-Message-Id"
 handlers = ["bench.handlers:{handler}"]
 """
 
-# The handler styles a drain can run. Each of the first two writes one bench_effects row per
+# The handler styles a drain can run. Each of the first three writes one bench_effects row per
 # message: `execute`: `await ctx.session.execute(INSERT ...)`, a statement and a round trip
-# each; `add`: `ctx.session.add(BenchEffect(...))`, flushed once per batch as one multi-row
-# INSERT. `noop` writes nothing: the control, whose CPU per message is the worker's own.
-HANDLERS = {"execute": "insert_row", "add": "add_row", "noop": "nothing"}
+# each; `add`: `ctx.session.add(BenchEffect(...))` on a SQLModel table, flushed once per batch
+# as one multi-row INSERT; `mapped`: the same with a plain SQLAlchemy mapped class. `noop`
+# writes nothing: the control, whose CPU per message is the worker's own.
+HANDLERS = {
+    "execute": "insert_row",
+    "add": "add_row",
+    "mapped": "add_mapped_row",
+    "noop": "nothing",
+}
 CONTROL = "noop"
 
 # 20,000 pending messages in one statement, the way ingest would have stored them (a JSON body
@@ -70,10 +76,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="worker process counts to run (1,2)")
     parser.add_argument(
         "--handlers",
-        default="execute,add,noop",
+        default="execute,add,mapped,noop",
         help="handler styles the drains run, each in every round: execute (one INSERT "
-        "statement per message), add (ctx.session.add, one flush per batch) and noop (no "
-        "effect: the worker's own cost) (execute,add,noop); the latency runs use the first, "
+        "statement per message), add (ctx.session.add of a SQLModel row, one flush per "
+        "batch), mapped (the same with a plain SQLAlchemy mapped class) and noop (no effect: "
+        "the worker's own cost) (execute,add,mapped,noop); the latency runs use the first, "
         "which must write an effect",
     )
     parser.add_argument(
@@ -405,7 +412,8 @@ def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]
                 lines.append(f"webhook-inbox {handler} handler / pgqueuer {mode}: {ratio:.2f}x")
     lines.append(
         "handlers: execute = ctx.session.execute(INSERT) per message; add = ctx.session.add(row), "
-        "flushed once per batch; noop = no effect (the worker's own cost)"
+        "flushed once per batch; mapped = add with a plain SQLAlchemy class, not SQLModel; "
+        "noop = no effect (the worker's own cost)"
     )
     lines += cpu_per_message(drains, pgq)
     return "\n".join(lines)

@@ -315,6 +315,24 @@ async def test_rows_staged_with_add_are_flushed_once_per_batch_and_a_failing_flu
     assert await status_of(db, "good1") == "processed"
 
 
+async def test_rows_of_a_plain_sqlalchemy_class_commit_with_the_mark_or_not_at_all(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    """docs/handlers.md offers a plain mapped class as the cheaper row: it is staged, flushed
+    and committed with its message's mark as a SQLModel row is, and rolled back with a
+    failing message."""
+    await create_effects(db)
+    await insert_messages(db, "good1", "bad1", "good2")
+    cfg = config("tests.handlers:add_mapped_effect_or_fail", max_attempts=1)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(db, FINISHED, 3)
+    effects = await db.fetch("SELECT message_id, attempt FROM effects ORDER BY message_id")
+    assert [(e["message_id"], e["attempt"]) for e in effects] == [("good1", 1), ("good2", 1)]
+    assert await status_of(db, "good1") == "processed"
+    assert await status_of(db, "good2") == "processed"
+    assert await status_of(db, "bad1") == "dead"
+
+
 async def test_a_query_sees_the_rows_staged_with_add_before_it_in_the_batch(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
