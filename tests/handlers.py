@@ -201,6 +201,17 @@ async def add_effect_null_on_bad(message: InboxMessage, ctx: HandlerContext) -> 
     )
 
 
+async def record_collector(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Records the process's collector settings as its effect's payload (`settle_collector`)."""
+    import gc
+    import json
+
+    settings = {"threshold": gc.get_threshold(), "frozen": gc.get_freeze_count()}
+    await ctx.session.execute(
+        INSERT_EFFECT, {**effect_fields(message), "payload": json.dumps(settings)}
+    )
+
+
 def effect_fields(message: InboxMessage) -> dict[str, Any]:
     """The columns of a message's `effects` row, for the handlers that stage one with `add`."""
     return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from service.worker.runtime import YOUNG_COLLECTION_THRESHOLD
 from tests.processing_helpers import create_effects, wait_until
 from tests.worker_process import start_worker, stop, wait_listening
 
@@ -55,6 +57,26 @@ async def test_two_worker_processes_run_each_message_once(
     actors = await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts")
     assert actors == 2  # both processes took part
     assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 1000
+
+
+async def test_a_worker_process_runs_its_handlers_with_the_collector_settled(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """`webhook-inbox worker` (and so serve's processing child) freezes what start-up built and
+    raises the young threshold before its first batch (service/worker/runtime.py)."""
+    await create_effects(db)
+    toml = TOML.replace("record_slowly", "record_collector")
+    worker = start_worker(database_url, toml, tmp_path, "collector")
+    try:
+        await wait_listening(db, 1)
+        await db.execute(INSERT_MESSAGES, 1)
+        await db.execute("NOTIFY webhook_inbox, 'hooks'")
+        await wait_until(db, PROCESSED, 1, 30)
+    finally:
+        assert await stop(worker) == 0
+    settings = json.loads(await db.fetchval("SELECT payload FROM effects"))
+    assert settings["threshold"][0] == YOUNG_COLLECTION_THRESHOLD
+    assert settings["frozen"] > 10_000  # the modules and what loading them built
 
 
 async def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(
