@@ -33,6 +33,12 @@ SELECT 'hooks', 'm' || g, 'test', convert_to('{"n": ' || g || '}', 'UTF8'), 'app
 PROCESSED = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
 
 
+async def enqueue(db: asyncpg.Connection, count: int) -> None:
+    """`count` pending messages of `hooks`, and the NOTIFY that ingest would send."""
+    await db.execute(INSERT_MESSAGES, count)
+    await db.execute("NOTIFY webhook_inbox, 'hooks'")
+
+
 async def assert_each_effect_once(db: asyncpg.Connection, count: int) -> None:
     assert await db.fetchval("SELECT count(*) FROM effects") == count
     assert await db.fetchval("SELECT count(DISTINCT message_id) FROM effects") == count
@@ -47,8 +53,7 @@ async def test_two_worker_processes_run_each_message_once(
     workers = [start_worker(database_url, TOML, tmp_path, f"w{i}", **settings) for i in range(2)]
     try:
         await wait_listening(db, 2)
-        await db.execute(INSERT_MESSAGES, 1000)
-        await db.execute("NOTIFY webhook_inbox, 'hooks'")
+        await enqueue(db, 1000)
         await wait_until(db, PROCESSED, 1000, 60)
     finally:
         codes = [await stop(w) for w in workers]
@@ -69,8 +74,7 @@ async def test_a_worker_process_runs_its_handlers_with_the_collector_settled(
     worker = start_worker(database_url, toml, tmp_path, "collector")
     try:
         await wait_listening(db, 1)
-        await db.execute(INSERT_MESSAGES, 1)
-        await db.execute("NOTIFY webhook_inbox, 'hooks'")
+        await enqueue(db, 1)
         await wait_until(db, PROCESSED, 1, 30)
     finally:
         assert await stop(worker) == 0
@@ -93,8 +97,7 @@ async def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(
     worker = start_worker(database_url, TOML, tmp_path, "first", **settings)
     try:
         await wait_listening(db, 1)
-        await db.execute(INSERT_MESSAGES, 300)
-        await db.execute("NOTIFY webhook_inbox, 'hooks'")
+        await enqueue(db, 300)
         deadline = time.monotonic() + 30
         while await db.fetchval(PROCESSED) < 60 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
