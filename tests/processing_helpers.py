@@ -46,7 +46,8 @@ async def create_effects(db: asyncpg.Connection) -> None:
 
 async def insert_messages(db: asyncpg.Connection, *message_ids: str) -> None:
     """Messages of source `hooks` recorded directly: before a worker starts, they are all due
-    together and land in one claimed batch."""
+    together, and land in one claimed batch if it has one claim loop (`worker_concurrency=1`;
+    concurrent loops may split them, each skipping the rows another has locked)."""
     await db.executemany(
         "INSERT INTO inbox_messages (source, message_id, body) VALUES ('hooks', $1, '{}')",
         [(i,) for i in message_ids],

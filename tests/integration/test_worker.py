@@ -268,8 +268,8 @@ async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_on
     await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2", "good3")
     cfg = config("tests.handlers:count_calls_fail_on_bad", max_attempts=1)
-    with recorded_calls() as calls:
-        async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    with recorded_calls() as calls:  # one claim loop: the sequences below are one batch's each
+        async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
             await wait_until(db, FINISHED, 4)
             first_batch = list(calls)
             await insert_messages(db, "good4", "bad2")
@@ -303,8 +303,10 @@ async def test_rows_staged_with_add_are_flushed_once_per_batch_and_a_failing_flu
     await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2")
     cfg = config("tests.handlers:add_effect_null_on_bad", max_attempts=1)
+    # One claim loop: concurrent ones may split the three between them (SKIP LOCKED), and the
+    # sequence below is that of one batch.
     with recorded_calls() as calls:
-        async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
             await wait_until(db, FINISHED, 3)
     assert calls == ["good1", "bad1", "good2", "good1", "bad1", "good1", "good2"]
     effects = await db.fetch("SELECT message_id, attempt FROM effects ORDER BY message_id")
@@ -341,7 +343,10 @@ async def test_a_query_sees_the_rows_staged_with_add_before_it_in_the_batch(
     handlers.state["seen"] = []
     try:
         async with client_for(
-            config("tests.handlers:add_then_count"), run_worker=True, **WORKER_SETTINGS
+            config("tests.handlers:add_then_count"),
+            run_worker=True,
+            worker_concurrency=1,  # one batch, as the counts below are those of one
+            **WORKER_SETTINGS,
         ):
             await wait_until(
                 db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 3
