@@ -366,18 +366,20 @@ def median(values: list[float]) -> float:
     return (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def one_worker_runs(drains: list[DrainRun]) -> dict[str, list[DrainRun]]:
+    """The one-worker drains, by handler style, in HANDLERS order (styles not run left out)."""
+    runs = {h: [d for d in drains if d.workers == 1 and d.handler == h] for h in HANDLERS}
+    return {handler: found for handler, found in runs.items() if found}
+
+
 def one_worker_rates(drains: list[DrainRun]) -> dict[str, list[float]]:
     """msgs/s of the one-worker drains, by handler style, in HANDLERS order."""
-    rates: dict[str, list[float]] = {}
-    for handler in HANDLERS:
-        found = [d.rate for d in drains if d.workers == 1 and d.handler == handler]
-        if found:
-            rates[handler] = found
-    return rates
+    return {h: [d.rate for d in runs] for h, runs in one_worker_runs(drains).items()}
 
 
 def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]]]) -> str:
     """Medians over the rounds: one worker process against pgqueuer, run in the same rounds."""
+    runs_of = one_worker_runs(drains)
     ones = one_worker_rates(drains)
     if not ones or not any(pgq.values()):
         return ""
@@ -387,7 +389,7 @@ def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]
         "-------------------------  ----  --------------------------------  ------  ------",
     ]
     for handler, one in ones.items():
-        runs = [d for d in drains if d.workers == 1 and d.handler == handler]
+        runs = runs_of[handler]
         lines.append(
             f"{'webhook-inbox, 1, ' + handler:<25}  {len(one):>4}  {median(one):>6.0f} "
             f"({', '.join(f'{r:.0f}' for r in one)})".ljust(74)
@@ -415,20 +417,19 @@ def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]
         "flushed once per batch; mapped = add with a plain SQLAlchemy class, not SQLModel; "
         "noop = no effect (the worker's own cost)"
     )
-    lines += cpu_per_message(drains, pgq)
+    lines += cpu_per_message(runs_of, pgq)
     return "\n".join(lines)
 
 
-def cpu_per_message(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]]]) -> list[str]:
+def cpu_per_message(
+    runs_of: dict[str, list[DrainRun]], pgq: dict[str, list[dict[str, Any]]]
+) -> list[str]:
     """The one-worker drains' CPU per message, medians over rounds, and what the effect styles
     cost beyond the control: the worker's own share set apart from the handler's row."""
-    per: dict[str, float] = {}
-    for handler in HANDLERS:
-        runs = [d for d in drains if d.workers == 1 and d.handler == handler]
-        if runs:
-            per[handler] = median([d.cpu_seconds[0] / d.messages * 1e6 for d in runs])
-    if not per:
-        return []
+    per = {
+        handler: median([d.cpu_seconds[0] / d.messages * 1e6 for d in runs])
+        for handler, runs in runs_of.items()
+    }
     shown = [f"{handler} {us:.0f}" for handler, us in per.items()]
     shown += [
         f"pgqueuer {mode} {median([r['cpu_seconds'] / r['jobs'] * 1e6 for r in results]):.0f}"
