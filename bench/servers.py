@@ -15,6 +15,8 @@ from types import TracebackType
 import httpx
 import psutil
 
+from service.serve import child_title
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -125,7 +127,7 @@ class Server:
         for process in process_tree(self.pid)[1:]:
             with contextlib.suppress(psutil.Error):
                 command = " ".join(process.cmdline())
-                if "webhook-inbox serve: http" in command or "-m service.serve" in command:
+                if child_title("http") in command or "-m service.serve" in command:
                     return process.pid
         return self.pid
 

@@ -59,6 +59,11 @@ CHILD_MODULES = (
 )
 
 
+def child_title(role: str) -> str:
+    """What `ps` shows for a forked child of `role` (docs/operating.md)."""
+    return f"webhook-inbox serve: {role}"
+
+
 def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
     base = f"http://{host}:{port}"
     tokens, token_file = ensure_admin_tokens(settings)
@@ -119,7 +124,7 @@ def check_children_config() -> None:
     if not can_fork():
         check()
         return
-    if (code := fork(check, "webhook-inbox serve: check", os.environ).wait()) != 0:
+    if (code := fork(check, child_title("check"), os.environ).wait()) != 0:
         raise SystemExit(code)
 
 
@@ -158,14 +163,14 @@ def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> N
                 args.workers,
                 (sock.fileno(),),
                 run=run_http_child,
-                title="webhook-inbox serve: http",
+                title=child_title("http"),
             ),
             Role(
                 "processing",
                 [*python, "service", "worker"],
                 processes,
                 run=run_processing_child,
-                title="webhook-inbox serve: processing",
+                title=child_title("processing"),
             ),
         ]
         state = state_dir / "children.json"

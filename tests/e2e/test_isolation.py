@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from service.core.db import EmbeddedPostgres, asyncpg_dsn
+from service.serve import child_title
 from tests.processing_helpers import create_effects, wait_until
 from tests.server import ServerProcess
 from tests.worker_process import ROOT, wait_listening
@@ -84,7 +85,7 @@ def children_titled(server: ServerProcess, title: str) -> list[psutil.Process]:
 
 
 def processing_children(server: ServerProcess) -> list[psutil.Process]:
-    return children_titled(server, "webhook-inbox serve: processing")
+    return children_titled(server, child_title("processing"))
 
 
 async def deliver(
@@ -317,7 +318,7 @@ async def test_each_child_imports_the_handlers_afresh_and_the_supervisor_none(
         assert server.process is not None
         await wait_listening(db, 1)
         (first,) = processing_children(server)
-        (http,) = children_titled(server, "webhook-inbox serve: http")
+        (http,) = children_titled(server, child_title("http"))
         first.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
