@@ -71,6 +71,12 @@ async def add_mapped_row(message: InboxMessage, ctx: HandlerContext) -> None:
     ctx.session.add(MappedEffect(inbox_id=message.id, message_id=message.message_id))
 
 
+async def insert_staged_row(message: InboxMessage, ctx: HandlerContext) -> None:
+    """One row per message, staged with `ctx.insert`: no model is built, and the worker writes
+    a batch's rows in one COPY. `at` is the database's default when that COPY runs."""
+    ctx.insert(MappedEffect, {"inbox_id": message.id, "message_id": message.message_id})
+
+
 async def nothing(message: InboxMessage, ctx: HandlerContext) -> None:
     """No effect: the control drain, which measures what the worker itself costs per message
     (claim, run, record), so that the effect styles above show what their own row costs."""

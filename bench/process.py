@@ -41,15 +41,17 @@ id_header = "X-Message-Id"
 handlers = ["bench.handlers:{handler}"]
 """
 
-# The handler styles a drain can run. Each of the first three writes one bench_effects row per
+# The handler styles a drain can run. Each of the first four writes one bench_effects row per
 # message: `execute`: `await ctx.session.execute(INSERT ...)`, a statement and a round trip
 # each; `add`: `ctx.session.add(BenchEffect(...))` on a SQLModel table, flushed once per batch
-# as one multi-row INSERT; `mapped`: the same with a plain SQLAlchemy mapped class. `noop`
-# writes nothing: the control, whose CPU per message is the worker's own.
+# as one multi-row INSERT; `mapped`: the same with a plain SQLAlchemy mapped class; `insert`:
+# `ctx.insert(table, {...})`, no model, one COPY per batch. `noop` writes nothing: the
+# control, whose CPU per message is the worker's own.
 HANDLERS = {
     "execute": "insert_row",
     "add": "add_row",
     "mapped": "add_mapped_row",
+    "insert": "insert_staged_row",
     "noop": "nothing",
 }
 CONTROL = "noop"
@@ -76,12 +78,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="worker process counts to run (1,2)")
     parser.add_argument(
         "--handlers",
-        default="execute,add,mapped,noop",
+        default="execute,add,mapped,insert,noop",
         help="handler styles the drains run, each in every round: execute (one INSERT "
         "statement per message), add (ctx.session.add of a SQLModel row, one flush per "
-        "batch), mapped (the same with a plain SQLAlchemy mapped class) and noop (no effect: "
-        "the worker's own cost) (execute,add,mapped,noop); the latency runs use the first, "
-        "which must write an effect",
+        "batch), mapped (the same with a plain SQLAlchemy mapped class), insert (ctx.insert, "
+        "one COPY per batch) and noop (no effect: the worker's own cost) "
+        "(execute,add,mapped,insert,noop); the latency runs use the first, which must write "
+        "an effect",
     )
     parser.add_argument(
         "--rates",
@@ -124,7 +127,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.handlers[0] == CONTROL and not args.skip_latency:
         parser.error(
             f"--handlers: the latency runs time the first style's effect rows, and {CONTROL} "
-            "writes none: put execute or add first, or add --skip-latency"
+            "writes none: put a style with an effect first, or add --skip-latency"
         )
     args.rates = [float(r) for r in args.rates.split(",") if r]
     return args
@@ -415,7 +418,8 @@ def render_comparison(drains: list[DrainRun], pgq: dict[str, list[dict[str, Any]
     lines.append(
         "handlers: execute = ctx.session.execute(INSERT) per message; add = ctx.session.add(row), "
         "flushed once per batch; mapped = add with a plain SQLAlchemy class, not SQLModel; "
-        "noop = no effect (the worker's own cost)"
+        "insert = ctx.insert(table, values), one COPY per batch; noop = no effect (the "
+        "worker's own cost)"
     )
     lines += cpu_per_message(runs_of, pgq)
     return "\n".join(lines)

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Text, func, select, text
+from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, Text, func, select, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlmodel import Field, SQLModel
 
@@ -253,3 +254,39 @@ async def add_then_count(message: InboxMessage, ctx: HandlerContext) -> None:
     count = select(func.count()).select_from(Effect)
     seen = (await ctx.session.execute(count)).scalar_one()
     state.setdefault("seen", []).append(seen)
+
+
+# `effects` as a plain Core table, for the handlers that stage rows with `ctx.insert`.
+EFFECTS = Table(
+    "effects",
+    MetaData(),
+    Column("id", BigInteger, primary_key=True),
+    Column("inbox_id", BigInteger),
+    Column("source", Text),
+    Column("message_id", Text),
+    Column("attempt", Integer),
+    Column("payload", JSONB),
+)
+
+
+async def insert_effect_or_fail(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Stages an `effects` row with `ctx.insert`, its payload the parsed body (a JSON column
+    given a dict); for ids starting with "bad", then raises."""
+    ctx.insert(EFFECTS, {**effect_fields(message), "payload": message.payload})
+    if message.message_id.startswith("bad"):
+        raise RuntimeError("this id always fails, after staging its row")
+
+
+async def insert_effect_null_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Stages its row with `ctx.insert` (a SQLModel class as the table); for ids starting with
+    "bad" the row breaks a NOT NULL constraint, so the inbox's write fails, not the handler.
+    Calls are counted in `state["calls"]`."""
+    state.setdefault("calls", []).append(message.message_id)
+    fields = effect_fields(message)
+    if message.message_id.startswith("bad"):
+        fields["source"] = None
+    ctx.insert(Effect, fields)
+
+
+async def insert_into_a_misspelt_column(message: InboxMessage, ctx: HandlerContext) -> None:
+    ctx.insert(EFFECTS, {**effect_fields(message), "atempt": message.attempt})

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.ext.asyncio import AsyncSession as SQLAlchemyAsyncSession
 from sqlmodel.ext.asyncio.session import AsyncSession
+
+from service.store.staged_rows import StagedRows
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ class HandlerSession(AsyncSession):
     _handler_running: bool = False
     _commit_refused: bool = False
 
+    def __init__(self, bind: AsyncConnection, **kwargs: Any) -> None:
+        super().__init__(bind=bind, **kwargs)
+        # The rows of `ctx.insert`, written by the inbox when it flushes the session.
+        self.staged_rows = StagedRows(bind.dialect)
+
     async def execute(self, *args: Any, **kwargs: Any) -> Any:
         # SQLModel marks `execute` deprecated in favour of `exec`; SPEC §5 offers both, and a
         # handler's `execute(text(...))` should not warn on every message.
@@ -84,6 +92,18 @@ class HandlerContext:
     """What a handler may use besides the message: the session of the inbox's transaction."""
 
     session: HandlerSession
+
+    def insert(self, table: Any, values: Mapping[str, Any]) -> None:
+        """Stage one row of `table` (a `Table`, a mapped class or a SQLModel `table=True`
+        model), `values` by column name, to be inserted in the inbox's transaction.
+
+        The cheapest effect a handler can stage: no model is built, and the worker writes a
+        batch's rows of one table as one COPY, after its handlers have returned. So a query
+        of the handlers' own does not see them, nothing is read back (no generated id), and
+        a row the database refuses fails its message as a failing flush does. Raises
+        `ValueError` at once for a column the table does not have.
+        """
+        self.session.staged_rows.add(table, values)
 
 
 Handler = Callable[[InboxMessage, HandlerContext], Awaitable[None]]

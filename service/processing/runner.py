@@ -58,6 +58,19 @@ async def handler_scope(
         await session.close()
 
 
+async def flush_effects(session: HandlerSession, savepoints: MessageSavepoints) -> None:
+    """Send what the handlers staged: the session's own changes, then the rows of `ctx.insert`
+    (which may refer to rows the session inserts).
+
+    A flush, not a commit: joined "rollback_only", a commit would only flush too, and then end
+    the session's transaction for the next message to begin again.
+    """
+    if session.new or session.dirty or session.deleted:
+        await session.flush()
+    if session.staged_rows:
+        await session.staged_rows.write(savepoints.driver)
+
+
 class HandlerTimeout(Exception):
     """A message's handlers ran past the source's `handler_timeout_seconds`; retried."""
 
@@ -224,8 +237,9 @@ async def run_handlers(
 
     `deadline` (with `isolated=False`, the worker's optimistic batch): the handlers run inline
     under it, not in a task of their own. `defer_flush`: their staged effects are not flushed
-    here; the caller flushes `session` once for the batch (same-table INSERTs then go out as
-    one multi-row statement), and must treat a failing flush as a failure of the batch.
+    here; the caller sends them once for the batch (`flush_effects`: same-table INSERTs then
+    go out as one multi-row statement, `ctx.insert` rows as one COPY), and must treat a
+    failing flush as a failure of the batch.
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
@@ -269,10 +283,8 @@ async def run_handlers(
             # The handler caught the error its commit() raised; its effects are still not ours
             # to keep, since it believed they were committed on their own.
             raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
-        # Flush, not commit: joined "rollback_only", a commit would only flush too, and then
-        # end the session's transaction for the next message to begin again.
-        if not defer_flush and (session.new or session.dirty or session.deleted):
-            await session.flush()
+        if not defer_flush:
+            await flush_effects(session, savepoints)
         if isolated:
             savepoints.release()  # kept by the batch's COMMIT
     except Exception as exc:
@@ -281,6 +293,7 @@ async def run_handlers(
         if isolated:
             savepoints.rollback()
         await session.close()
+        session.staged_rows.clear()
         failure = classify_failure(exc, attempt, pipeline.config, budget_start=row.budget_start)
         log.warning(
             "handler failed",

@@ -79,6 +79,12 @@ class MessageSavepoints:
         self._timeout_set = False
         self._limit_ms: int | None = None  # set by limit_statements, for the transaction
 
+    @property
+    def driver(self) -> asyncpg.Connection:
+        """The driver connection of the batch's transaction, for statements of the inbox's own
+        (`StagedRows.write`): send `flush()` first if a release or rollback may be pending."""
+        return self._driver
+
     async def begin(self, statement_timeout_ms: int | None = None) -> None:
         """Open the next message's savepoint (ending the previous one's in the same trip).
 

@@ -22,11 +22,12 @@ from service.processing.forward import forward_message_traced, lease_seconds
 from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
 from service.processing.policy import failed_attempt, retry_failure
-from service.processing.runner import BatchDeadline, handler_scope
+from service.processing.runner import BatchDeadline, flush_effects, handler_scope
 from service.sources.config_file import InboxConfig
 from service.store.claims import (
     AttemptResult,
     MessageRow,
+    MessageSavepoints,
     alone_due,
     batch_transaction,
     claim_due,
@@ -302,14 +303,14 @@ class Worker:
         """Run Python handlers in one transaction: their effects commit with the outcomes.
 
         Optimistically first: no savepoint per message, one round trip less each, and the
-        effects staged with `ctx.session.add` flushed once at the end. When a handler fails,
-        the whole transaction rolls back (the effects of the messages before it with it) and
-        the batch runs again with a savepoint per message, its failed message recorded without
-        running a second time. When the one flush fails, no message is to blame yet: the batch
-        runs optimistically again with a flush per message, which names it (a failing flush of
-        an isolated message would roll back the session, and with it the whole batch). A
-        source whose batch fell back runs isolated for `ISOLATE_AFTER_FAILURE_SECONDS`, so
-        failing messages do not make every batch run twice.
+        effects staged with `ctx.session.add` or `ctx.insert` sent once at the end. When a
+        handler fails, the whole transaction rolls back (the effects of the messages before it
+        with it) and the batch runs again with a savepoint per message, its failed message
+        recorded without running a second time. When the one flush fails, no message is to
+        blame yet: the batch runs optimistically again with a flush per message, which names it
+        (a failing flush of an isolated message would roll back the session, and with it the
+        whole batch). A source whose batch fell back runs isolated for
+        `ISOLATE_AFTER_FAILURE_SECONDS`, so failing messages do not make every batch run twice.
         """
         if self._isolating(rows):
             await self._run_batch(rows, isolated=True)
@@ -387,17 +388,17 @@ class Worker:
                     if deadline is not None:
                         await deadline.close()
                 if defer_flush:
-                    await self._flush_staged(session)
+                    await self._flush_staged(session, savepoints)
                 await savepoints.flush()
             await finish_attempts(conn, results, self.actor, leased=True)
         # Committed: effects and processed marks together.
         self._count(rows, results)
 
     @staticmethod
-    async def _flush_staged(session: HandlerSession) -> None:
-        """The optimistic batch's effects staged with `ctx.session.add(...)`, in one flush."""
+    async def _flush_staged(session: HandlerSession, savepoints: MessageSavepoints) -> None:
+        """The optimistic batch's staged effects (`ctx.session.add`, `ctx.insert`), sent once."""
         try:
-            await session.flush()
+            await flush_effects(session, savepoints)
         except Exception as exc:
             log.warning(
                 "the batch's staged effects failed to flush; "

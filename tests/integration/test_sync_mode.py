@@ -71,3 +71,20 @@ async def test_sync_mode_does_not_wake_workers(
     async with client_for(SYNC) as client:
         await client.post("/webhooks/hooks", content=b"{}", headers=delivery("s3"))
     assert notified == []
+
+
+async def test_sync_rows_staged_with_insert_commit_before_the_200_or_not_at_all(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    async with client_for(config("tests.handlers:insert_effect_or_fail", mode="sync")) as client:
+        good = await client.post("/webhooks/hooks", content=b'{"a": 1}', headers=delivery("g1"))
+        bad = await client.post("/webhooks/hooks", content=b'{"a": 2}', headers=delivery("bad1"))
+    assert good.status_code == 200
+    assert good.json()["status"] == "processed"
+    assert bad.status_code == 500
+    effects = await db.fetch("SELECT inbox_id, message_id, payload FROM effects")
+    assert [(e["inbox_id"], e["message_id"], e["payload"]) for e in effects] == [
+        (good.json()["id"], "g1", '{"a": 1}')
+    ]
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages") == 1

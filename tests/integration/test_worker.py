@@ -294,15 +294,24 @@ async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_on
     assert dict((r["outcome"], r["count"]) for r in outcomes) == {"processed": 4, "dead": 2}
 
 
-async def test_rows_staged_with_add_are_flushed_once_per_batch_and_a_failing_flush_isolates(
-    client_for: AppFactory, db: asyncpg.Connection
+@pytest.mark.parametrize(
+    ("handler", "error_type"),
+    [
+        ("add_effect_null_on_bad", "sqlalchemy.exc.IntegrityError"),
+        ("insert_effect_null_on_bad", "asyncpg.exceptions.NotNullViolationError"),
+    ],
+    ids=["session.add", "ctx.insert"],
+)
+async def test_staged_rows_are_written_once_per_batch_and_a_failing_write_isolates(
+    client_for: AppFactory, db: asyncpg.Connection, handler: str, error_type: str
 ) -> None:
-    """`ctx.session.add` rows of an optimistic batch go out in one flush at its end; when that
-    flush fails, no message is to blame, so the batch runs again with a flush per message,
-    which names the bad one; then isolated as after any failure: the others commit once."""
+    """Rows staged with `ctx.session.add` (one flush) or `ctx.insert` (one COPY) in an
+    optimistic batch are written once at its end; when that write fails, no message is to
+    blame, so the batch runs again with a write per message, which names the bad one; then
+    isolated as after any failure: the others commit once."""
     await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2")
-    cfg = config("tests.handlers:add_effect_null_on_bad", max_attempts=1)
+    cfg = config(f"tests.handlers:{handler}", max_attempts=1)
     # One claim loop: concurrent ones may split the three between them (SKIP LOCKED), and the
     # sequence below is that of one batch.
     with recorded_calls() as calls:
@@ -313,7 +322,8 @@ async def test_rows_staged_with_add_are_flushed_once_per_batch_and_a_failing_flu
     assert [(e["message_id"], e["attempt"]) for e in effects] == [("good1", 1), ("good2", 1)]
     assert await status_of(db, "bad1") == "dead"
     (attempt,) = await attempts_of(db, "bad1")
-    assert attempt["error_type"] == "sqlalchemy.exc.IntegrityError"
+    assert attempt["error_type"] == error_type
+    assert "source" in attempt["error"]  # the column whose NOT NULL the row broke
     assert await status_of(db, "good1") == "processed"
 
 
@@ -333,6 +343,52 @@ async def test_rows_of_a_plain_sqlalchemy_class_commit_with_the_mark_or_not_at_a
     assert await status_of(db, "good1") == "processed"
     assert await status_of(db, "good2") == "processed"
     assert await status_of(db, "bad1") == "dead"
+
+
+async def test_rows_staged_with_insert_commit_with_the_mark_or_not_at_all(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    """`ctx.insert` rows are written with their batch (one COPY) and committed with their
+    messages' marks; a failing message's row is not written, whichever run it failed in: the
+    optimistic one, or one with a savepoint per message (the source's batches after a
+    failure)."""
+    await create_effects(db)
+    numbered = "UPDATE inbox_messages SET body = convert_to('{\"n\": ' || id || '}', 'UTF8')"
+    await insert_messages(db, "good1", "bad1", "good2")
+    await db.execute(numbered)
+    cfg = config("tests.handlers:insert_effect_or_fail", max_attempts=1)
+    async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
+        await wait_until(db, FINISHED, 3)
+        await insert_messages(db, "bad2", "good3")  # isolated from the start
+        await db.execute(numbered)
+        await wait_until(db, FINISHED, 5)
+    effects = await db.fetch(
+        "SELECT e.message_id, e.attempt, e.payload = jsonb_build_object('n', m.id) AS same "
+        "FROM effects e JOIN inbox_messages m ON m.id = e.inbox_id ORDER BY e.message_id"
+    )
+    assert [(e["message_id"], e["attempt"], e["same"]) for e in effects] == [
+        ("good1", 1, True),
+        ("good2", 1, True),
+        ("good3", 1, True),
+    ]
+    for good in ("good1", "good2", "good3"):
+        assert await status_of(db, good) == "processed"
+    assert await status_of(db, "bad1") == "dead"
+    assert await status_of(db, "bad2") == "dead"
+
+
+async def test_a_row_staged_with_insert_into_a_column_the_table_lacks_fails_its_handler(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await create_effects(db)
+    await insert_messages(db, "m1")
+    cfg = config("tests.handlers:insert_into_a_misspelt_column", max_attempts=1)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(db, FINISHED, 1)
+    (attempt,) = await attempts_of(db, "m1")
+    assert (attempt["outcome"], attempt["error_type"]) == ("dead", "ValueError")
+    assert attempt["error"] == "table 'effects' has no column 'atempt'"
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0
 
 
 async def test_a_query_sees_the_rows_staged_with_add_before_it_in_the_batch(
