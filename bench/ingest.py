@@ -139,6 +139,7 @@ def run_process(
     work: Path,
     key: bytes,
     cells: dict[tuple[str, int, str], Cell],
+    pg: BenchPostgres,
 ) -> None:
     per_thread = math.ceil(args.max_rps * args.duration / args.threads)
     with Server(process.name, process.command, process.env, work / f"{process.name}.log") as srv:
@@ -166,6 +167,7 @@ def run_process(
                     tag = f"r{round_no}-{target.name}-c{connections}-{mode}"
                     prefix, body = write_requests(work / "req", tag, per_thread, args.threads, key)
                     cpu_before = tree_cpu_seconds(process_tree(srv.pid))
+                    pg_before = pg.cpu_seconds()
                     result = run_wrk(
                         wrk,
                         srv.url + target.path,
@@ -178,10 +180,18 @@ def run_process(
                         ack_log=work / "ack",
                     )
                     cpu = tree_cpu_seconds(process_tree(srv.pid)) - cpu_before
+                    pg_after = pg.cpu_seconds()
                     run = {"round": round_no, **result.summary()}
                     # CPU of the server's processes per request: steadier than req/s on a
-                    # machine whose cores other work shares.
-                    run["cpu_us_per_request"] = round(cpu / max(result.requests, 1) * 1e6, 1)
+                    # machine whose cores other work shares. The embedded PostgreSQL's apart
+                    # (its backends that stay connected through the cell: the service's), as
+                    # what the database spends on each delivery.
+                    requests = max(result.requests, 1)
+                    run["cpu_us_per_request"] = round(cpu / requests * 1e6, 1)
+                    if pg_before is not None and pg_after is not None and process.database_url:
+                        run["pg_cpu_us_per_request"] = round(
+                            (pg_after - pg_before) / requests * 1e6, 1
+                        )
                     run["stored"] = check_stored(result, process, target)
                     cells[(target.name, connections, mode)].runs.append(run)
                     print(report.progress_line(target.name, connections, mode, run), flush=True)
@@ -240,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         for round_no in range(args.rounds):
             for process in rotate(processes, round_no):
                 print(f"round {round_no + 1}/{args.rounds}: {process.name}", flush=True)
-                run_process(process, round_no, args, wrk, work, key, cells)
+                run_process(process, round_no, args, wrk, work, key, cells, pg)
         for process in processes:
             if process.database_url:
                 asyncio.run(pg.drop_database(process.database_url))

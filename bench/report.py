@@ -21,6 +21,11 @@ def progress_line(target: str, connections: int, mode: str, run: dict[str, Any])
         f"p50 {run['p50_ms']:6.1f} ms  p99 {run['p99_ms']:7.1f} ms  "
         f"non-2xx {run['non_2xx']}  errors {run['socket_errors']}  stored {check}  "
         f"cpu {run.get('cpu_us_per_request', 0):.0f} us/req"
+        + (
+            f" (postgres {run['pg_cpu_us_per_request']:.0f})"
+            if "pg_cpu_us_per_request" in run
+            else ""
+        )
         + (f"  RAN OUT OF REQUESTS ({run['wrapped']})" if run["wrapped"] else "")
     )
 
@@ -39,6 +44,11 @@ def _cell_summary(cell: Cell) -> dict[str, Any]:
         "p99_ms": statistics.median(r["p99_ms"] for r in runs),
         "p99_worst_ms": max(r["p99_ms"] for r in runs),
         "cpu_us_per_request": statistics.median(r.get("cpu_us_per_request", 0) for r in runs),
+        "pg_cpu_us_per_request": (
+            statistics.median(r["pg_cpu_us_per_request"] for r in runs)
+            if all("pg_cpu_us_per_request" in r for r in runs)
+            else None
+        ),
         "non_2xx": sum(r["non_2xx"] for r in runs),
         "socket_errors": sum(r["socket_errors"] for r in runs),
         "wrapped": sum(r["wrapped"] for r in runs),
@@ -138,16 +148,18 @@ def _fmt(value: float | None, spec: str = ".2f", suffix: str = "x") -> str:
 def render(summary: dict[str, Any]) -> str:
     lines = [
         "system             conns  ids     req/s    p50 ms   p99 ms  non-2xx  errors  stored"
-        "  CPU us/req",
+        "  CPU us/req  PG us/req",
         "-----------------  -----  ------  -------  -------  -------  -------  ------  ------"
-        "  ----------",
+        "  ----------  ---------",
     ]
     for r in summary["rows"]:
         stored = "-" if r["stored"] is None else ("ok" if r["stored"] else "MISSING")
+        pg = r.get("pg_cpu_us_per_request")
         lines.append(
             f"{r['target']:<17}  {r['connections']:>5}  {r['mode']:<6}  {r['rps']:>7.0f}  "
             f"{r['p50_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {r['non_2xx']:>7}  "
             f"{r['socket_errors']:>6}  {stored:>6}  {r['cpu_us_per_request']:>10.0f}"
+            f"  {'-' if pg is None else f'{pg:.0f}':>9}"
         )
     lines += [
         "",

@@ -32,8 +32,12 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, ge=1, le=200)
     db_timeout_seconds: float = Field(default=5.0, gt=0)
     # Group commit: transactions writing deliveries at once, and deliveries allowed to wait
-    # for them before ingest answers 503 (backpressure).
-    ingest_flushers: int = Field(default=2, ge=1, le=32)
+    # for them before ingest answers 503 (backpressure). One: what arrives while a batch is
+    # written waits for the next, so batches are larger and their fixed costs (a statement, a
+    # commit, a round trip) are shared by more deliveries; two flushers cost 15-30% more CPU
+    # per delivery with the database on the same cores (docs/benchmarks.md). More help when
+    # the database is far away and a commit's round trip dominates.
+    ingest_flushers: int = Field(default=1, ge=1, le=32)
     ingest_max_queued: int = Field(default=5000, ge=1)
     # Slow and broken clients: the whole body must arrive within this many seconds (else 408),
     # and a server process takes at most this many concurrent connections (else 503).

@@ -112,7 +112,7 @@ class GroupCommitter:
         self,
         engine: AsyncEngine,
         *,
-        flushers: int = 2,
+        flushers: int = 1,
         max_batch: int = 500,
         max_queued: int = 5000,
         wait_timeout: float = 10.0,
