@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import Table
+from sqlalchemy import Column, Table
 from sqlalchemy.engine import Dialect
 
 # A column's value as the driver takes it, from the value a handler gave.
@@ -40,16 +40,16 @@ class _Plan:
     """How rows that give `given` (in that order) are written to `table`."""
 
     table: Table
-    given: tuple[str, ...]
-    columns: tuple[str, ...]  # `given`, then the columns filled by their Python default
+    given: tuple[str, ...]  # keys of `table.c` (a column's name unless given another key)
+    columns: tuple[str, ...]  # the names of `given`, then of the columns filled by default
     defaults: tuple[Callable[[], Any], ...]
     processors: tuple[Processor | None, ...]  # one per column; None: the value as it is
 
 
-def _default_of(table: Table, name: str) -> Callable[[], Any] | None:
+def _default_of(table: Table, column: Column[Any]) -> Callable[[], Any] | None:
     """A left-out column's Python-side default as a function of nothing, or None to leave the
     column to the database (no default here, or a server default)."""
-    default = table.c[name].default
+    default = column.default
     if default is None:
         return None
     if default.is_scalar:
@@ -60,7 +60,7 @@ def _default_of(table: Table, name: str) -> Callable[[], Any] | None:
         function = default.arg  # type: ignore[attr-defined]
         return lambda: function(None)
     raise ValueError(
-        f"column {table.name}.{name} has a SQL default that ctx.insert cannot apply; "
+        f"column {table.name}.{column.name} has a SQL default that ctx.insert cannot apply; "
         "give it a value"
     )
 
@@ -72,15 +72,16 @@ def _plan(table: Table, given: tuple[str, ...], dialect: Dialect) -> _Plan:
     defaulted: list[str] = []
     defaults: list[Callable[[], Any]] = []
     for column in table.c:
-        if column.name in given:
+        if column.key in given:
             continue
-        default = _default_of(table, column.name)
+        default = _default_of(table, column)
         if default is not None:
-            defaulted.append(column.name)
+            defaulted.append(column.key)
             defaults.append(default)
-    columns = (*given, *defaulted)
+    keys = (*given, *defaulted)
+    columns = tuple(table.c[key].name for key in keys)
     processors = tuple(
-        table.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in columns
+        table.c[key].type.dialect_impl(dialect).bind_processor(dialect) for key in keys
     )
     return _Plan(table, given, columns, tuple(defaults), processors)
 

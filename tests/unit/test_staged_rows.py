@@ -94,6 +94,13 @@ def test_rows_giving_other_columns_are_written_apart() -> None:
     assert rows_of(rows) == {}
 
 
+def test_a_column_whose_key_is_not_its_name_is_given_by_key_and_written_by_name() -> None:
+    table = Table("people", MetaData(), Column("Full Name", Text, key="full_name"))
+    rows = staged()
+    rows.add(table, {"full_name": "Ada"})
+    assert rows_of(rows) == {("Full Name",): [("Ada",)]}
+
+
 @pytest.mark.parametrize(
     "default", [Sequence("rows_seq"), func.now()], ids=["sequence", "sql-expression"]
 )
