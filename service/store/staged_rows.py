@@ -37,13 +37,13 @@ def table_of(target: Any) -> Table:
 
 @dataclass(frozen=True)
 class _Plan:
-    """How rows that give `given` (in that order) are written to `table`."""
+    """How rows giving some keys of `table.c` (in that order) are written to `table`."""
 
     table: Table
-    given: tuple[str, ...]  # keys of `table.c` (a column's name unless given another key)
-    columns: tuple[str, ...]  # the names of `given`, then of the columns filled by default
+    columns: tuple[str, ...]  # the names of the keys given, then of the columns filled by default
     defaults: tuple[Callable[[], Any], ...]
-    processors: tuple[Processor | None, ...]  # one per column; None: the value as it is
+    # One per column (None: the value as it is), or None when no column converts its value.
+    processors: tuple[Processor | None, ...] | None
 
 
 def _default_of(table: Table, column: Column[Any]) -> Callable[[], Any] | None:
@@ -83,7 +83,7 @@ def _plan(table: Table, given: tuple[str, ...], dialect: Dialect) -> _Plan:
     processors = tuple(
         table.c[key].type.dialect_impl(dialect).bind_processor(dialect) for key in keys
     )
-    return _Plan(table, given, columns, tuple(defaults), processors)
+    return _Plan(table, columns, tuple(defaults), processors if any(processors) else None)
 
 
 class StagedRows:
@@ -111,7 +111,7 @@ class StagedRows:
         if plan is None:
             plan = self._plans[(table, given)] = _plan(table, given, self._dialect)
         row = (*values.values(), *(default() for default in plan.defaults))
-        if any(plan.processors):
+        if plan.processors is not None:
             row = tuple(
                 value if process is None else process(value)
                 for value, process in zip(row, plan.processors, strict=True)
