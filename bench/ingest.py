@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 
 from bench import report
-from bench.load import LoadResult, ensure_wrk, run_wrk, write_requests
+from bench.load import MODES, LoadResult, ensure_wrk, run_wrk, write_requests
 from bench.pg import BenchPostgres
 from bench.servers import Server, process_tree, tree_cpu_seconds
 from bench.systems import (
@@ -32,9 +32,6 @@ from bench.systems import (
     Target,
     build_processes,
 )
-
-MODES = {"unique": 0.0, "dup50": 0.5}
-
 
 # What `--systems` chooses from (bench/systems.py builds them).
 SYSTEMS = ("generic", "generic-serve", "standard-webhooks", "baseline-A", "baseline-B")
@@ -67,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated subset of the systems to run ({', '.join(SYSTEMS)})",
     )
     parser.add_argument(
+        "--ids",
+        default=",".join(MODES),
+        help="comma-separated id modes of the cells: unique (every id new), dup50 (half the "
+        "requests repeat an earlier one); with --profile, the modes profiled (unique,dup50)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="smoke run: 1 round of 3 s cells, 1 s warm-up"
     )
     parser.add_argument(
@@ -83,6 +86,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [name for name in args.systems if name not in SYSTEMS]
     if unknown:
         parser.error(f"unknown system {', '.join(unknown)}: choose from {', '.join(SYSTEMS)}")
+    args.ids = args.ids.split(",")
+    unknown = [mode for mode in args.ids if mode not in MODES]
+    if unknown:
+        parser.error(f"unknown id mode {', '.join(unknown)}: choose from {', '.join(MODES)}")
     return args
 
 
@@ -162,7 +169,8 @@ def run_process(
             )
         for target in rotate(process.targets, round_no):
             for connections in args.connections:
-                for mode, dup in MODES.items():
+                for mode in args.ids:
+                    dup = MODES[mode]
                     if target.table and process.database_url:
                         asyncio.run(truncate(process.database_url, target.table))
                     tag = f"r{round_no}-{target.name}-c{connections}-{mode}"
@@ -246,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
             for p in processes
             for t in p.targets
             for c in args.connections
-            for m in MODES
+            for m in args.ids
         }
         for round_no in range(args.rounds):
             for process in rotate(processes, round_no):

@@ -35,6 +35,10 @@ BODY_TEMPLATE = json.dumps(
 )
 
 
+# How a cell picks its ids: the chance that a request repeats an earlier one of its thread.
+MODES = {"unique": 0.0, "dup50": 0.5}
+
+
 def ensure_wrk() -> str:
     """The wrk binary, installing the Debian package first when it is missing."""
     found = shutil.which("wrk")

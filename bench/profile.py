@@ -16,10 +16,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.load import run_wrk, write_requests
+from bench.load import MODES, run_wrk, write_requests
 from bench.pg import BenchPostgres
 from bench.servers import Server
-from bench.systems import RESULTS_DIR, build_processes
+from bench.systems import RESULTS_DIR, Target, build_processes
 
 # "function (path/to/file.py:line)" as py-spy writes a frame with --function.
 FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:()]+)(?::\d+)?\)$")
@@ -136,36 +136,53 @@ def run(args: argparse.Namespace, wrk: str) -> None:
                     dup_fraction=0.0,
                     ack_log=work / "ack",
                 )
-                per_thread = math.ceil(args.max_rps * args.duration / args.threads)
-                prefix, body = write_requests(
-                    work / "req", f"prof-{target.name}", per_thread, args.threads, key
-                )
-                out = RESULTS_DIR / f"profile-{stamp}-{target.name}.txt"
-                record = ["record", "--pid", str(srv.http_pid), "--function", "--nonblocking"]
-                output = ["--duration", str(int(args.duration)), "--format", "raw", "-o", str(out)]
-                spy = subprocess.Popen(
-                    [py_spy, *record, *output],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                time.sleep(0.5)  # let py-spy attach before the load starts
-                result = run_wrk(
-                    wrk,
-                    srv.url + target.path,
-                    connections=connections,
-                    threads=args.threads,
-                    duration=args.duration,
-                    requests=prefix,
-                    body_template=body,
-                    dup_fraction=0.0,
-                    ack_log=work / "ack",
-                )
-                spy.wait(timeout=args.duration + 60)
-                print(
-                    f"\n== {target.name}, {connections} connections, unique ids, under py-spy: "
-                    f"{result.rps:.0f} req/s, p99 {result.p99_ms:.1f} ms (under sampling)"
-                )
-                print(f"collapsed stacks: {out}\n")
-                print(analyse(out))
+                for mode in args.ids:
+                    profile_cell(args, py_spy, srv, target, mode, work, key, stamp, wrk)
         assert service.database_url is not None
         asyncio.run(pg.drop_database(service.database_url))
+
+
+def profile_cell(
+    args: argparse.Namespace,
+    py_spy: str,
+    srv: Server,
+    target: Target,
+    mode: str,
+    work: Path,
+    key: bytes,
+    stamp: str,
+    wrk: str,
+) -> None:
+    """One target's cell under py-spy; prints where the HTTP process's time went."""
+    connections = args.connections[0]
+    per_thread = math.ceil(args.max_rps * args.duration / args.threads)
+    prefix, body = write_requests(
+        work / "req", f"prof-{target.name}-{mode}", per_thread, args.threads, key
+    )
+    out = RESULTS_DIR / f"profile-{stamp}-{target.name}-{mode}.txt"
+    record = ["record", "--pid", str(srv.http_pid), "--function", "--nonblocking"]
+    output = ["--duration", str(int(args.duration)), "--format", "raw", "-o", str(out)]
+    spy = subprocess.Popen(
+        [py_spy, *record, *output],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # let py-spy attach before the load starts
+    result = run_wrk(
+        wrk,
+        srv.url + target.path,
+        connections=connections,
+        threads=args.threads,
+        duration=args.duration,
+        requests=prefix,
+        body_template=body,
+        dup_fraction=MODES[mode],
+        ack_log=work / "ack",
+    )
+    spy.wait(timeout=args.duration + 60)
+    print(
+        f"\n== {target.name}, {connections} connections, {mode} ids, under py-spy: "
+        f"{result.rps:.0f} req/s, p99 {result.p99_ms:.1f} ms (under sampling)"
+    )
+    print(f"collapsed stacks: {out}\n")
+    print(analyse(out))

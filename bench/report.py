@@ -79,7 +79,7 @@ def summarise(
             "serve/A": ratio("generic-serve", "baseline-A", conns, mode),
         }
         for conns in args.connections
-        for mode in ("unique", "dup50")
+        for mode in args.ids
     ]
     service_rows = [r for r in rows if r["target"] in SERVICE_TARGETS]
     rss = {p.name: max(p.peak_rss, default=0) for p in processes}
