@@ -104,11 +104,15 @@ def analyse(collapsed: Path, top: int = 30) -> str:
     )
 
 
+# Where this checkout is: its own files are named from here.
+REPOSITORY = str(Path(__file__).resolve().parent.parent)
+
+
 def short(file: str) -> str:
     for marker in ("site-packages/", "lib/python3."):
         if marker in file:
             file = file.split(marker, 1)[1]
-    return file.removeprefix("/work/wt/bench/")
+    return file.removeprefix(f"{REPOSITORY}/")
 
 
 def run(args: argparse.Namespace, wrk: str) -> None:
