@@ -119,7 +119,14 @@ class ForkedProcess:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                # Reaped by someone else (SIGCHLD ignored, a stray waitpid(-1)): the child is
+                # gone and its status with it. subprocess.Popen.poll says 0 then, and so does
+                # this, rather than let the error stop the supervisor.
+                self.returncode = 0
+                return self.returncode
             if pid == self.pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode

@@ -1,8 +1,12 @@
-"""The `serve` supervisor's pure parts: restart backoff and how an exit status reads."""
+"""The `serve` supervisor's own parts: restart backoff, how an exit status reads, and how a
+forked child's exit is read."""
 
 from __future__ import annotations
 
-from service.supervisor import describe_exit, restart_delay
+import os
+import signal
+
+from service.supervisor import ForkedProcess, describe_exit, restart_delay
 
 
 def test_restart_delay_doubles_to_its_cap() -> None:
@@ -14,3 +18,22 @@ def test_exit_statuses_read_as_people_say_them() -> None:
     assert describe_exit(1) == "exit code 1"
     assert describe_exit(-9) == "killed by SIGKILL"
     assert describe_exit(-11) == "killed by SIGSEGV"
+
+
+def test_a_child_reaped_elsewhere_reads_as_exited_not_as_an_error() -> None:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(3)
+    os.waitpid(pid, 0)  # someone else collects the status first
+    child = ForkedProcess(pid)
+    assert child.poll() == 0
+    assert child.wait(timeout=1) == 0
+    # A child known to be gone is not signalled: its pid may be another process's by now.
+    child.send_signal(signal.SIGTERM)
+
+
+def test_a_forked_child_reads_its_own_exit_code() -> None:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(3)
+    assert ForkedProcess(pid).wait(timeout=5) == 3
