@@ -27,6 +27,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn, Protocol
@@ -100,13 +101,20 @@ def restart_delay(failures: int) -> float:
     return float(min(FIRST_RESTART_SECONDS * 2**exponent, MAX_RESTART_SECONDS))
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: a child gets SIGTERM (and drains) if the supervisor itself is killed."""
+def _die_with_parent(parent: int) -> None:
+    """Linux: a child gets SIGTERM (and drains) if the supervisor, pid `parent`, is killed.
+
+    Runs in the child, between fork and exec (or `run`). A supervisor killed before the
+    request took effect sent no signal: the child, reparented already, leaves at once, before
+    it has taken any work (or it would serve on, with nobody to stop it).
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 class ForkedProcess:
@@ -157,14 +165,15 @@ def fork(run: Callable[[], object], title: str, env: Mapping[str, str]) -> Forke
     environment."""
     sys.stdout.flush()  # or the child would write what this process had buffered a second time
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child never returns here; its tests watch it run
-        _run_forked(run, title, env)
+        _run_forked(run, title, env, parent)
     return ForkedProcess(pid)
 
 
 def _run_forked(  # pragma: no cover - in a child
-    run: Callable[[], object], title: str, env: Mapping[str, str]
+    run: Callable[[], object], title: str, env: Mapping[str, str], parent: int
 ) -> NoReturn:
     """The forked child: set up as an executed one would be, call `run`, and leave by
     `os._exit`. Returning or raising would unwind the supervisor's own stack, whose `finally`
@@ -172,7 +181,7 @@ def _run_forked(  # pragma: no cover - in a child
     status = 1
     try:
         os.setpgid(0, 0)  # as `process_group=0`: the terminal's Ctrl-C reaches the supervisor
-        _die_with_parent()
+        _die_with_parent(parent)
         # The supervisor's handlers would only set a flag in this copy of it.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
@@ -304,7 +313,9 @@ class Supervisor:
                     env=self.env,
                     pass_fds=role.pass_fds,
                     process_group=0,  # the terminal's Ctrl-C reaches the supervisor alone
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                    preexec_fn=partial(_die_with_parent, os.getpid())
+                    if sys.platform == "linux"
+                    else None,
                 )
         except OSError as exc:
             child.failures += 1

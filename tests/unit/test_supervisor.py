@@ -1,10 +1,12 @@
-"""The `serve` supervisor's own parts: restart backoff, how an exit status reads, and how a
-forked child's exit is read."""
+"""The `serve` supervisor's own parts: restart backoff, how an exit status reads, how a forked
+child's exit is read, and a child's check that its supervisor still lives."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 from service.supervisor import ForkedProcess, describe_exit, restart_delay
 
@@ -37,3 +39,29 @@ def test_a_forked_child_reads_its_own_exit_code() -> None:
     if pid == 0:  # pragma: no cover - the child
         os._exit(3)
     assert ForkedProcess(pid).wait(timeout=5) == 3
+
+
+# In a fresh interpreter: prctl through ctypes (dlopen) in a fork of this multi-threaded test
+# process could find a lock another thread held at the fork.
+CHECK_PARENT = """
+import os, sys
+from service.supervisor import _die_with_parent
+_die_with_parent(os.getppid() + int(sys.argv[1]))
+print("went on")
+"""
+
+
+def check_parent(offset: int) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", CHECK_PARENT, str(offset)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30)
+
+
+def test_a_child_whose_supervisor_is_already_gone_leaves_at_once() -> None:
+    # As if reparented: the parent it finds is not the supervisor it was started by.
+    done = check_parent(1)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "")
+
+
+def test_a_child_of_a_live_supervisor_goes_on() -> None:
+    done = check_parent(0)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "went on\n", "")
