@@ -134,9 +134,9 @@ class ForkedProcess:
                 # gone and its status with it. subprocess.Popen.poll says 0 then, and so does
                 # this, rather than let the error stop the supervisor.
                 self.returncode = 0
-                return self.returncode
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+            else:
+                if pid == self.pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

@@ -30,7 +30,8 @@ def test_a_child_reaped_elsewhere_reads_as_exited_not_as_an_error() -> None:
     child = ForkedProcess(pid)
     assert child.poll() == 0
     assert child.wait(timeout=1) == 0
-    # A child known to be gone is not signalled: its pid may be another process's by now.
+    # A child known to be gone is not signalled (its pid may be another process's by now):
+    # os.kill on a pid nobody holds would raise ProcessLookupError here.
     child.send_signal(signal.SIGTERM)
 
 
