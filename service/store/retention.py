@@ -9,12 +9,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store.errors import translate_errors
 
-# One batch: at most :batch rows, each in its own short transaction (attempts go with them by
-# ON DELETE CASCADE). SKIP LOCKED: a row ingest (a redelivery counting itself), the worker or
-# an admin retry holds right now is left for the next pass, so pruning never blocks them and
-# never deletes a row whose status is changing under it. Age is counted from the first receipt
-# (`received_at`, indexed); the floor from the last one, since a sender still redelivering
-# keeps the dedup window open from its latest try.
+# One batch: at most :batch rows, each in its own short transaction (their attempts go with
+# them, by the statement trigger of migration 0007). SKIP LOCKED: a row ingest (a redelivery
+# counting itself), the worker or an admin retry holds right now is left for the next pass, so
+# pruning never blocks them and never deletes a row whose status is changing under it. Age is
+# counted from the first receipt (`received_at`, indexed); the floor from the last one, since a
+# sender still redelivering keeps the dedup window open from its latest try.
 _DELETE_BATCH = """
     WITH doomed AS (
         SELECT id FROM inbox_messages

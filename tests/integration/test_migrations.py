@@ -66,6 +66,30 @@ async def test_message_ids_are_unique_per_source(db: asyncpg.Connection) -> None
         raise AssertionError("a second (source, message_id) row was allowed")
 
 
+async def test_deleting_or_truncating_messages_takes_their_attempts_and_only_theirs(
+    db: asyncpg.Connection,
+) -> None:
+    # No foreign key since 0007: statement triggers do what its ON DELETE CASCADE did.
+    ids = [
+        await db.fetchval(
+            "INSERT INTO inbox_messages (source, message_id, body) VALUES ('a', $1, '') "
+            "RETURNING id",
+            name,
+        )
+        for name in ("gone-1", "gone-2", "kept")
+    ]
+    await db.execute(
+        "INSERT INTO inbox_attempts (message_id, attempt, started_at, outcome) "
+        "SELECT id, n, now(), 'failed' FROM unnest($1::bigint[]) AS id, generate_series(1, 2) n",
+        ids,
+    )
+    await db.execute("DELETE FROM inbox_messages WHERE message_id LIKE 'gone-%'")
+    left = await db.fetch("SELECT message_id, attempt FROM inbox_attempts ORDER BY attempt")
+    assert [(r["message_id"], r["attempt"]) for r in left] == [(ids[2], 1), (ids[2], 2)]
+    await db.execute("TRUNCATE inbox_messages")
+    assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
+
+
 async def test_a_migration_waits_for_another_longer_than_a_statement_may_take(
     pg_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

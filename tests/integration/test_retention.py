@@ -49,8 +49,10 @@ async def test_prune_deletes_exactly_the_aged_finished_rows(
     old_processed = await seed(db, "old-processed", status="processed", age=11 * DAY)
     await seed_attempt(db, old_processed, 1, "processed", age=11 * DAY)
     await seed(db, "old-discarded", source="other", status="discarded", age=11 * DAY)
+    young = await seed(db, "young-processed", status="processed", age=9 * DAY)
+    await seed_attempt(db, young, 1, "processed", age=9 * DAY)
     keep = {
-        "young-processed": await seed(db, "young-processed", status="processed", age=9 * DAY),
+        "young-processed": young,
         "old-dead": await seed(db, "old-dead", status="dead", age=400 * DAY),
         "old-pending": await seed(db, "old-pending", status="pending", age=40 * DAY),
         "old-retrying": await seed(db, "old-retrying", status="retrying", age=40 * DAY),
@@ -65,7 +67,8 @@ async def test_prune_deletes_exactly_the_aged_finished_rows(
     assert report.total == 2
     assert report.by_status == {"processed": 1, "discarded": 1, "dead": 0}
     assert report.by_source == {"hooks": 1, "other": 1}
-    assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0  # cascaded
+    # The deleted row's attempt went with it; the kept row's stayed.
+    assert await db.fetchval("SELECT array_agg(message_id) FROM inbox_attempts") == [young]
     again = await run_prune(database_url, config(processed_days=10))
     assert again.total == 0
 
