@@ -742,7 +742,8 @@ def main(argv: list[str] | None = None) -> None:
             *((w, h) for w in args.workers for h in args.handlers),
             *([] if args.no_pgqueuer else PGQUEUER_MODES),
         ]
-        for round_ in range(args.rounds):
+        # No turns (`--workers ''` with `--no-pgqueuer`): no drains, only the latency runs.
+        for round_ in range(args.rounds if turns else 0):
             shift = round_ % len(turns)
             for turn in turns[shift:] + turns[:shift]:
                 if isinstance(turn, str):
