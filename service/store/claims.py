@@ -248,21 +248,30 @@ async def claim_due(
     return claimed
 
 
+# The rows of a batch are found by id, on the primary key, never through an index on `status`:
+# the batch's own statements compare `(m.status || '')`, which no index can answer. On the
+# column, the planner (which sees few `processing` rows, rightly) walks the status index's
+# `processing` range instead, and that range keeps an entry for every claim made since the
+# last VACUUM. With no vacuum in between (PostgreSQL 15, batches of 100), the hold and the
+# finish of a batch took the server 2.4 ms of CPU after 25,000 messages and 3.9 ms after
+# 150,000; by id, 2.0-2.2 ms throughout.
+BY_ID_STATUS = "(m.status || '')"
+
 # The fence before handlers run: lock the claimed rows this attempt still owns (status and
 # attempts as claimed). A row whose lease expired and was reaped, or claimed again, is left
 # out, so a late attempt never commits its effects over a newer one. Once locked, a row is
 # skipped by the reaper and by other claims until this transaction ends, however long it runs.
 HOLD_CLAIMED = text(
-    """
+    f"""
     SELECT m.id
       FROM inbox_messages AS m
       JOIN unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
         ON m.id = c.id
-     WHERE m.status = 'processing'
+     WHERE {BY_ID_STATUS} = 'processing'
        AND m.attempts = c.attempts
      ORDER BY m.id
        FOR UPDATE OF m
-    """
+    """  # noqa: S608 - a fixed expression, no input
 )
 
 
@@ -299,8 +308,8 @@ async def alone_due(engine: AsyncEngine, sources: Sequence[str]) -> bool:
 # An attempt that finished clears `run_alone`; one reaped unfinished sets it. The outcomes
 # travel as one JSON document ($1), not as fourteen arrays: asyncpg checks every array element
 # against three abstract base classes, which made recording 100 outcomes cost the worker about
-# 20 us a message against 8.
-FINISH_ATTEMPTS = """
+# 20 us a message against 8. The rows are found by id (BY_ID_STATUS).
+FINISH_ATTEMPTS = f"""
     WITH u AS (
         SELECT *
           FROM json_to_recordset($1::json) AS u(
@@ -322,7 +331,7 @@ FINISH_ATTEMPTS = """
           FROM u
          WHERE m.id = u.id
            AND m.attempts = u.expected
-           AND m.status = ANY($2::text[])
+           AND {BY_ID_STATUS} = ANY($2::text[])
      RETURNING m.id
     )
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
@@ -331,7 +340,7 @@ FINISH_ATTEMPTS = """
            u.error_type, u.error, u.traceback, u.duration_ms, $3
       FROM u JOIN finished USING (id)
     RETURNING message_id
-"""
+"""  # noqa: S608 - a fixed expression, no input
 
 UNLEASED = [status.value for status in DUE]
 LEASED = [Status.PROCESSING.value]
