@@ -6,7 +6,7 @@ statement has just updated. The worker writes one attempt per message, so that c
 about a tenth of PostgreSQL's CPU per processed message: claim, hold, finish and commit of
 20,000 messages in batches of 100 on PostgreSQL 15 took 51.0-52.5 µs a message with it and
 45.5-47.5 without (three runs each). Every statement that writes an attempt names a message
-it has just updated or locked, so the check never found anything.
+it has just updated or locked, so the check never failed.
 
 What the key also did, deleting a message's attempts with it, is kept: a statement-level
 trigger deletes the attempts of the rows a DELETE removed (one set-based statement for a
