@@ -67,7 +67,8 @@ class BenchPostgres:
     def cpu_seconds(self) -> float | None:
         """User+system CPU of the embedded server's processes so far (None: not embedded).
 
-        Backends that already exited are not counted: read it while the clients are connected.
+        Backends that already exited count too: the postmaster reaps them, and the kernel adds
+        their CPU to its children's. (One that exited but is not reaped yet is missed.)
         """
         if self._root is None:
             return None
@@ -75,8 +76,9 @@ class BenchPostgres:
 
         pid = int((self._root / "pgdata" / "postmaster.pid").read_text().split()[0])
         postmaster = psutil.Process(pid)
-        total = 0.0
-        for proc in [postmaster, *postmaster.children()]:
+        own = postmaster.cpu_times()
+        total = own.user + own.system + own.children_user + own.children_system
+        for proc in postmaster.children():
             try:
                 times = proc.cpu_times()
             except psutil.Error:

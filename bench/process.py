@@ -300,8 +300,10 @@ def run_drain(
         profile_out = work / f"profile-{workers}-{handler}.txt"
         spy = start_py_spy(procs[0].pid, profile_out) if profile else None
         cpu_before = [sum(s.process.cpu_times()[:2]) for s in samplers]
-        pg_before = pg.cpu_seconds()
         committed = asyncio.run(insert_backlog(url, messages, f"drain{workers}-"))
+        # After the backlog's insert: the drain's own share (the first claim comes about 10 ms
+        # after the commit; reading the server's processes takes about one).
+        pg_before = pg.cpu_seconds()
         drained = asyncio.run(wait_drained(url, timeout=600))
         cpu = [
             sum(s.process.cpu_times()[:2]) - b for s, b in zip(samplers, cpu_before, strict=True)
@@ -343,18 +345,27 @@ def run_drain(
 PGQUEUER_MODES = ("noop", "insert")
 
 
-def run_pgqueuer(url: str, messages: int, mode: str) -> dict[str, Any]:
+def run_pgqueuer(pg: BenchPostgres, url: str, messages: int, mode: str) -> dict[str, Any]:
     """pgqueuer 1.x draining `messages` jobs in one process (bench/baselines/pgqueuer_drain.py):
-    `noop` entrypoint, or `insert` (one row, committed apart from the job's completion)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.baselines.pgqueuer_drain", url, str(messages), mode],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    `noop` entrypoint, or `insert` (one row, committed apart from the job's completion).
+    The jobs are enqueued by a run of their own, so the database's CPU is the drain's alone."""
+    command = [sys.executable, "-m", "bench.baselines.pgqueuer_drain", url, str(messages), mode]
+    options: dict[str, Any] = {
+        "cwd": ROOT,
+        "check": True,
+        "capture_output": True,
+        "text": True,
+        "timeout": 900,
+    }
+    subprocess.run([*command, "--phase", "enqueue"], **options)
+    pg_before = pg.cpu_seconds()
+    done = subprocess.run([*command, "--phase", "drain"], **options)
+    time.sleep(0.2)  # let the postmaster reap the drain's backends: none is read mid-exit
+    pg_after = pg.cpu_seconds()
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["pg_cpu_seconds"] = (
+        None if pg_before is None or pg_after is None else pg_after - pg_before
+    )
     result["ok"] = result["jobs"] == messages and result["left"] == 0
     if mode == "insert":
         result["ok"] = result["ok"] and result["effects"] == messages
@@ -445,6 +456,18 @@ def cpu_per_message(
         beyond = [f"{h} {us - per[CONTROL]:.0f}" for h, us in per.items() if h != CONTROL]
         if beyond:
             lines.append(f"  of which the handler's effect (beyond {CONTROL}): {', '.join(beyond)}")
+    server = [
+        f"{handler} {median([d.pg_cpu_seconds / d.messages * 1e6 for d in runs]):.0f}"
+        for handler, runs in runs_of.items()
+        if all(d.pg_cpu_seconds is not None for d in runs)
+    ]
+    server += [
+        f"pgqueuer {mode} {median([r['pg_cpu_seconds'] / r['jobs'] * 1e6 for r in results]):.0f}"
+        for mode, results in pgq.items()
+        if results and all(r.get("pg_cpu_seconds") is not None for r in results)
+    ]
+    if server:
+        lines.append(f"PostgreSQL CPU us per message (embedded server only): {', '.join(server)}")
     return lines
 
 
@@ -748,7 +771,7 @@ def main(argv: list[str] | None = None) -> None:
             for turn in turns[shift:] + turns[:shift]:
                 if isinstance(turn, str):
                     print(f"round {round_ + 1}: pgqueuer {turn}, {args.messages} jobs", flush=True)
-                    pgq[turn].append(run_pgqueuer(url, args.messages, turn))
+                    pgq[turn].append(run_pgqueuer(pg, url, args.messages, turn))
                     print(f"  {pgq[turn][-1]['rate']:.0f} jobs/s", flush=True)
                     continue
                 workers, handler = turn

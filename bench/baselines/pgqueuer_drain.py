@@ -1,8 +1,10 @@
 """Baseline for bench/process: pgqueuer draining a backlog in one process, on the same database.
 
-`python -m bench.baselines.pgqueuer_drain URL JOBS MODE [--batch-size N]` enqueues JOBS jobs
-(one batch insert), then runs one pgqueuer QueueManager in drain mode and prints one JSON line:
-jobs, seconds (from the start of `QueueManager.run` to its return), jobs/s, CPU seconds.
+`python -m bench.baselines.pgqueuer_drain URL JOBS MODE [--batch-size N] [--phase P]` enqueues
+JOBS jobs (one batch insert), then runs one pgqueuer QueueManager in drain mode and prints one
+JSON line: jobs, seconds (from the start of `QueueManager.run` to its return), jobs/s, CPU
+seconds. `--phase enqueue` only enqueues, `--phase drain` only drains what is queued: apart,
+the database's CPU for the drain alone can be read around the second.
 
 - `noop`: the entrypoint does nothing; what pgqueuer itself costs per job.
 - `insert`: the entrypoint inserts one row through a pool connection of its own, committed on
@@ -103,8 +105,12 @@ def main() -> None:
     parser.add_argument("jobs", type=int)
     parser.add_argument("mode", choices=("noop", "insert"))
     parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--phase", choices=("all", "enqueue", "drain"), default="all")
     args = parser.parse_args()
-    asyncio.run(prepare(args.url, args.jobs))
+    if args.phase != "drain":
+        asyncio.run(prepare(args.url, args.jobs))
+    if args.phase == "enqueue":
+        return
     print(
         json.dumps({"mode": args.mode, **asyncio.run(drain(args.url, args.mode, args.batch_size))})
     )
