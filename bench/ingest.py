@@ -193,8 +193,9 @@ def run_process(
                     run = {"round": round_no, **result.summary()}
                     # CPU of the server's processes per request: steadier than req/s on a
                     # machine whose cores other work shares. The embedded PostgreSQL's apart
-                    # (its backends that stay connected through the cell: the service's), as
-                    # what the database spends on each delivery.
+                    # (the service's backends, and the truncate's, a few milliseconds, if it
+                    # is reaped after the first read), as what the database spends on each
+                    # delivery.
                     requests = max(result.requests, 1)
                     run["cpu_us_per_request"] = round(cpu / requests * 1e6, 1)
                     if pg_before is not None and pg_after is not None and process.database_url:

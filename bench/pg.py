@@ -68,7 +68,7 @@ class BenchPostgres:
         """User+system CPU of the embedded server's processes so far (None: not embedded).
 
         Backends that already exited count too: the postmaster reaps them, and the kernel adds
-        their CPU to its children's. (One that exited but is not reaped yet is missed.)
+        their CPU to its children's. (One reaped between the two reads here is missed.)
         """
         if self._root is None:
             return None
