@@ -456,11 +456,12 @@ def cpu_per_message(
         beyond = [f"{h} {us - per[CONTROL]:.0f}" for h, us in per.items() if h != CONTROL]
         if beyond:
             lines.append(f"  of which the handler's effect (beyond {CONTROL}): {', '.join(beyond)}")
-    server = [
-        f"{handler} {median([d.pg_cpu_seconds / d.messages * 1e6 for d in runs]):.0f}"
-        for handler, runs in runs_of.items()
-        if all(d.pg_cpu_seconds is not None for d in runs)
-    ]
+    server = []
+    for handler, runs in runs_of.items():
+        seconds = [d.pg_cpu_seconds for d in runs]
+        if all(s is not None for s in seconds):
+            us = [s / d.messages * 1e6 for s, d in zip(seconds, runs, strict=True) if s is not None]
+            server.append(f"{handler} {median(us):.0f}")
     server += [
         f"pgqueuer {mode} {median([r['pg_cpu_seconds'] / r['jobs'] * 1e6 for r in results]):.0f}"
         for mode, results in pgq.items()
