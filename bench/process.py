@@ -737,6 +737,15 @@ def targets(
     if latencies:
         best = max(bounded, default=0.0)
         line(best >= 2500, "highest offered rate with a bounded backlog >= 2500/s", f"{best:.0f}/s")
+        # Issue 13: the latencies at that rate count as well as its bound.
+        for latency in [x for x in latencies if x["load"]["target_rate"] == best][:1]:
+            p99, e99 = latency["load"]["latency_ms"]["p99"], latency["db_latency_ms"]["e99"]
+            line(p99 is not None and p99 < 100, f"HTTP p99 < 100 ms at {best:.0f}/s", f"{p99} ms")
+            line(
+                e99 is not None and e99 < 1000,
+                f"accept-to-processed p99 < 1 s at {best:.0f}/s",
+                f"{e99} ms",
+            )
     rss = [r for d in drains for r in d.peak_rss_mb]
     rss += [x["service_peak_rss_mb"] for x in latencies]
     if rss:
