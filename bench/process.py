@@ -458,15 +458,17 @@ def cpu_per_message(
             lines.append(f"  of which the handler's effect (beyond {CONTROL}): {', '.join(beyond)}")
     server = []
     for handler, runs in runs_of.items():
-        seconds = [d.pg_cpu_seconds for d in runs]
-        if all(s is not None for s in seconds):
-            us = [s / d.messages * 1e6 for s, d in zip(seconds, runs, strict=True) if s is not None]
+        us = [d.pg_cpu_seconds / d.messages * 1e6 for d in runs if d.pg_cpu_seconds is not None]
+        if us and len(us) == len(runs):
             server.append(f"{handler} {median(us):.0f}")
-    server += [
-        f"pgqueuer {mode} {median([r['pg_cpu_seconds'] / r['jobs'] * 1e6 for r in results]):.0f}"
-        for mode, results in pgq.items()
-        if results and all(r.get("pg_cpu_seconds") is not None for r in results)
-    ]
+    for mode, results in pgq.items():
+        us = [
+            r["pg_cpu_seconds"] / r["jobs"] * 1e6
+            for r in results
+            if r.get("pg_cpu_seconds") is not None
+        ]
+        if us and len(us) == len(results):
+            server.append(f"pgqueuer {mode} {median(us):.0f}")
     if server:
         lines.append(f"PostgreSQL CPU us per message (embedded server only): {', '.join(server)}")
     return lines
@@ -738,8 +740,9 @@ def targets(
         best = max(bounded, default=0.0)
         line(best >= 2500, "highest offered rate with a bounded backlog >= 2500/s", f"{best:.0f}/s")
         # Issue 13: the latencies at that rate count as well as its bound.
-        for latency in [x for x in latencies if x["load"]["target_rate"] == best][:1]:
-            p99, e99 = latency["load"]["latency_ms"]["p99"], latency["db_latency_ms"]["e99"]
+        at_best = next((x for x in latencies if x["load"]["target_rate"] == best), None)
+        if at_best is not None:
+            p99, e99 = at_best["load"]["latency_ms"]["p99"], at_best["db_latency_ms"]["e99"]
             line(p99 is not None and p99 < 100, f"HTTP p99 < 100 ms at {best:.0f}/s", f"{p99} ms")
             line(
                 e99 is not None and e99 < 1000,
