@@ -1,0 +1,263 @@
+"""bench/claims: what PostgreSQL spends per message on the worker's statements, as shipped and
+as a claim that only locks its rows would spend (a design measured here, not built).
+
+As shipped, a batch is claimed by an UPDATE that marks its rows `processing` and commits; a
+second transaction locks them again (the hold), runs the handlers, and marks them processed.
+Both UPDATEs write a new version of the wide message row and an entry in each of its full
+indexes (`status` is in the partial indexes' predicates, so neither can be a HOT update).
+
+The alternative locks the due rows (`FOR UPDATE SKIP LOCKED`) in the processing transaction
+itself, without changing them, and records each attempt (with its lease) in a narrow
+`inbox_claims` table from a second connection, committed before any handler runs, so an attempt
+that kills its worker is still counted. The finish then updates each message row once and
+deletes its claim. Both sides write the same one-row effect and attempt row per message.
+
+Each side drains the same backlog in batches on one connection, in turn, for `--rounds`; the
+server's CPU is read from /proc around each drain (a local server only; otherwise rates only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import orjson
+import psutil
+
+from bench.load import BODY_TEMPLATE
+from bench.pg import BenchPostgres
+from bench.process import INSERT_BACKLOG
+from service.core.db import asyncpg_dsn, create_engine
+from service.core.migrations import upgrade
+from service.core.settings import Settings
+from service.store.claims import CLAIM_BEGIN, CLAIM_DUE, FINISH_ATTEMPTS, HOLD_CLAIMED
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+SCRATCH = """
+CREATE TABLE bench_effects (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    inbox_id   bigint NOT NULL,
+    message_id text   NOT NULL
+);
+CREATE TABLE inbox_claims (
+    message_id   bigint PRIMARY KEY,
+    attempt      int         NOT NULL,
+    locked_until timestamptz NOT NULL,
+    actor        text
+);
+"""
+EFFECTS = """
+    INSERT INTO bench_effects (inbox_id, message_id)
+    SELECT * FROM unnest($1::bigint[], $2::text[])
+"""
+# The shipped hold, in asyncpg's placeholders.
+HOLD = HOLD_CLAIMED.text.replace(":ids", "$1").replace(":attempts", "$2")
+
+# The lock-only claim: the due rows whose last claim is not live, locked, not changed. A claim
+# row found here belongs to an attempt that never finished (its worker died).
+LOCK_CLAIM = """
+    SELECT m.id, m.source, m.message_id, m.event_type, m.attempts, m.headers, m.body,
+           m.content_type, m.trace_context, m.budget_start, c.attempt AS unfinished_attempt
+      FROM inbox_messages AS m
+      LEFT JOIN inbox_claims AS c ON c.message_id = m.id
+     WHERE m.status IN ('pending', 'retrying')
+       AND m.next_attempt_at <= now()
+       AND m.source = ANY($1::text[])
+       AND m.run_alone = false
+       AND (c.locked_until IS NULL OR c.locked_until < now())
+     ORDER BY m.next_attempt_at, m.id
+     LIMIT $2
+       FOR UPDATE OF m SKIP LOCKED
+"""
+# From a second connection, committed at once: the attempts count before a handler runs.
+RECORD_CLAIMS = """
+    INSERT INTO inbox_claims (message_id, attempt, actor, locked_until)
+    SELECT id, attempt, $3, clock_timestamp() + interval '30 seconds'
+      FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt)
+        ON CONFLICT (message_id) DO UPDATE
+       SET attempt = excluded.attempt, locked_until = excluded.locked_until
+"""
+# The shipped finish, fenced on the unleased statuses, deleting the batch's claims as well.
+FINISH_LOCKED = FINISH_ATTEMPTS.replace(
+    "    INSERT INTO inbox_attempts",
+    "    , released AS (DELETE FROM inbox_claims WHERE message_id IN (SELECT id FROM finished))\n"
+    "    INSERT INTO inbox_attempts",
+)
+assert FINISH_LOCKED != FINISH_ATTEMPTS
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/claims", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=20_000, help="backlog size (20000)")
+    parser.add_argument("--batch-size", type=int, default=100, help="messages a batch (100)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    return parser.parse_args()
+
+
+def outcomes(rows: Sequence[asyncpg.Record], counted: bool) -> str:
+    """Every row processed, as FINISH_ATTEMPTS reads outcomes. `counted`: the claim already
+    added this attempt to `attempts` (the shipped claim returns the count made before it)."""
+    now = datetime.now(UTC).isoformat()
+    attempt = [r["attempts"] + 1 for r in rows]
+    return orjson.dumps(
+        [
+            {
+                "id": r["id"],
+                "status": "processed",
+                "attempt": n,
+                "expected": n if counted else n - 1,
+                "delay": None,
+                "last_error": None,
+                "unfinished": False,
+                "started_at": now,
+                "finished_at": now,
+                "outcome": "processed",
+                "error_type": None,
+                "error": None,
+                "traceback": None,
+                "duration_ms": 0.1,
+            }
+            for r, n in zip(rows, attempt, strict=True)
+        ]
+    ).decode()
+
+
+async def drain_shipped(conn: asyncpg.Connection, _: asyncpg.Connection, batch: int) -> int:
+    done = 0
+    while True:
+        await conn.execute(CLAIM_BEGIN)
+        rows = await conn.fetch(CLAIM_DUE, ["bench"], [30.0], batch)
+        await conn.execute("COMMIT")
+        if not rows:
+            return done
+        ids = [r["id"] for r in rows]
+        await conn.execute("BEGIN")
+        await conn.fetch(HOLD, ids, [r["attempts"] + 1 for r in rows])
+        await conn.execute(EFFECTS, ids, [r["message_id"] for r in rows])
+        await conn.fetch(FINISH_ATTEMPTS, outcomes(rows, True), ["processing"], "bench")
+        await conn.execute("COMMIT")
+        done += len(rows)
+
+
+async def drain_lock_only(conn: asyncpg.Connection, other: asyncpg.Connection, batch: int) -> int:
+    done = 0
+    while True:
+        await conn.execute(CLAIM_BEGIN)
+        rows = await conn.fetch(LOCK_CLAIM, ["bench"], batch)
+        if not rows:
+            await conn.execute("COMMIT")
+            return done
+        ids = [r["id"] for r in rows]
+        await other.execute(RECORD_CLAIMS, ids, [r["attempts"] + 1 for r in rows], "bench")
+        await conn.execute(EFFECTS, ids, [r["message_id"] for r in rows])
+        await conn.fetch(FINISH_LOCKED, outcomes(rows, False), ["pending", "retrying"], "bench")
+        await conn.execute("COMMIT")
+        done += len(rows)
+
+
+Drain = Callable[[asyncpg.Connection, asyncpg.Connection, int], Awaitable[int]]
+SIDES: dict[str, Drain] = {"shipped": drain_shipped, "lock-only claim": drain_lock_only}
+
+
+def backend_cpu(pids: Sequence[int]) -> float | None:
+    """User+system CPU of these server backends (None: not on this machine)."""
+    try:
+        return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+    except psutil.Error:
+        return None
+
+
+async def fill(conn: asyncpg.Connection, messages: int) -> None:
+    await conn.execute("TRUNCATE inbox_messages, bench_effects, inbox_claims")
+    await conn.execute(INSERT_BACKLOG, f"c{time.time_ns()}-", BODY_TEMPLATE, messages)
+    await conn.execute("VACUUM ANALYZE inbox_messages")
+    await conn.execute("VACUUM ANALYZE inbox_attempts")
+    await conn.execute("CHECKPOINT")
+
+
+async def measure(url: str, args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    dsn = asyncpg_dsn(url)
+    setup, conn, other = [await asyncpg.connect(dsn) for _ in range(3)]
+    await setup.execute(SCRATCH)
+    pids = [conn.get_server_pid(), other.get_server_pid()]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in SIDES}
+    try:
+        for round_ in range(args.rounds):
+            order = list(SIDES) if round_ % 2 == 0 else list(reversed(SIDES))
+            for name in order:
+                await fill(setup, args.messages)
+                cpu_before, started = backend_cpu(pids), time.perf_counter()
+                done = await SIDES[name](conn, other, args.batch_size)
+                seconds = time.perf_counter() - started
+                cpu_after = backend_cpu(pids)
+                left = await setup.fetchval(
+                    "SELECT count(*) FROM inbox_messages WHERE status <> 'processed'"
+                )
+                effects = await setup.fetchval("SELECT count(*) FROM bench_effects")
+                if done != args.messages or left or effects != done:
+                    raise SystemExit(f"{name}: drained {done}, {left} left, {effects} effects")
+                run = {"messages": done, "seconds": seconds, "msgs_per_s": done / seconds}
+                if cpu_before is not None and cpu_after is not None:
+                    run["pg_us_per_message"] = (cpu_after - cpu_before) / done * 1e6
+                runs[name].append(run)
+                pg = run.get("pg_us_per_message")
+                print(
+                    f"round {round_ + 1}  {name:16} {run['msgs_per_s']:8.0f} msgs/s"
+                    + (f"  PostgreSQL {pg:5.1f} us a message" if pg is not None else ""),
+                    flush=True,
+                )
+    finally:
+        for c in (setup, conn, other):
+            await c.close()
+    return runs
+
+
+def report(runs: dict[str, list[dict[str, float]]]) -> None:
+    print("\nmedians             msgs/s   PostgreSQL us a message")
+    medians = {}
+    for name, side in runs.items():
+        rate = statistics.median(r["msgs_per_s"] for r in side)
+        cpu = [r["pg_us_per_message"] for r in side if "pg_us_per_message" in r]
+        medians[name] = (rate, statistics.median(cpu) if cpu else None)
+        shown = f"{medians[name][1]:8.1f}" if cpu else "       -"
+        print(f"{name:18} {rate:8.0f}   {shown}")
+    (shipped_rate, shipped_cpu), (lock_rate, lock_cpu) = medians.values()
+    print(f"lock-only / shipped: {lock_rate / shipped_rate:.2f}x the rate", end="")
+    if shipped_cpu and lock_cpu:
+        print(f", {lock_cpu / shipped_cpu:.2f}x PostgreSQL's CPU a message")
+    else:
+        print()
+
+
+async def main() -> None:
+    args = parse_args()
+    with BenchPostgres() as pg:
+        url = await pg.create_database("inbox_bench_claims")
+        try:
+            engine = create_engine(url, Settings(database_url=url))
+            await upgrade(engine)
+            await engine.dispose()
+            runs = await measure(url, args)
+            settings = await pg.settings()
+        finally:
+            await pg.drop_database(url)
+    report(runs)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"claims-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    document: dict[str, Any] = {"args": vars(args), "postgres": settings, "runs": runs}
+    path.write_text(json.dumps(document, indent=2))
+    print(f"postgres: {settings}\nload average at end: {os.getloadavg()}\nresults: {path}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
