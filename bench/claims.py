@@ -10,7 +10,9 @@ The alternative locks the due rows (`FOR UPDATE SKIP LOCKED`) in the processing 
 itself, without changing them, and records each attempt (with its lease) in a narrow
 `inbox_claims` table from a second connection, committed before any handler runs, so an attempt
 that kills its worker is still counted. The finish then updates each message row once and
-deletes its claim. Both sides write the same one-row effect and attempt row per message.
+deletes its claim. A third side keeps one connection: the claim inserts the claim rows (and
+commits) instead of updating the message rows, and the hold locks them as now. Every side
+writes the same one-row effect and attempt row per message.
 
 Each side drains the same backlog in batches on one connection, in turn, for `--rounds`; the
 server's CPU is read from /proc around each drain (a local server only; otherwise rates only).
@@ -86,6 +88,45 @@ RECORD_CLAIMS = """
       FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt)
         ON CONFLICT (message_id) DO UPDATE
        SET attempt = excluded.attempt, locked_until = excluded.locked_until
+"""
+# The one-connection variant: the claim writes claim rows, not message rows. The message row's
+# lock only orders concurrent claimers; the claims' primary key decides which one wins (an
+# expired claim is taken over, a live one is not).
+CLAIM_ROWS = """
+    WITH due AS (
+        SELECT m.id, m.attempts
+          FROM inbox_messages AS m
+          LEFT JOIN inbox_claims AS c ON c.message_id = m.id
+         WHERE m.status IN ('pending', 'retrying')
+           AND m.next_attempt_at <= now()
+           AND m.source = ANY($1::text[])
+           AND m.run_alone = false
+           AND (c.locked_until IS NULL OR c.locked_until < now())
+         ORDER BY m.next_attempt_at, m.id
+         LIMIT $2
+           FOR UPDATE OF m SKIP LOCKED
+    ), claimed AS (
+        INSERT INTO inbox_claims AS k (message_id, attempt, actor, locked_until)
+        SELECT id, attempts + 1, 'bench', clock_timestamp() + interval '30 seconds' FROM due
+            ON CONFLICT (message_id) DO UPDATE
+           SET attempt = excluded.attempt, locked_until = excluded.locked_until
+         WHERE k.locked_until < now()
+        RETURNING message_id
+    )
+    SELECT m.id, m.source, m.message_id, m.event_type, m.attempts, m.headers, m.body,
+           m.content_type, m.trace_context, m.budget_start
+      FROM claimed JOIN inbox_messages AS m ON m.id = claimed.message_id
+"""
+# Its hold: the rows whose claim is still this attempt's.
+HOLD_CLAIM_ROWS = """
+    SELECT m.id
+      FROM inbox_messages AS m
+      JOIN unnest($1::bigint[], $2::int[]) AS c(id, attempts) ON m.id = c.id
+      JOIN inbox_claims AS k ON k.message_id = m.id AND k.attempt = c.attempts + 1
+     WHERE (m.status || '') IN ('pending', 'retrying')
+       AND m.attempts = c.attempts
+     ORDER BY m.id
+       FOR UPDATE OF m
 """
 # The shipped finish, fenced on the unleased statuses, deleting the batch's claims as well.
 FINISH_LOCKED = FINISH_ATTEMPTS.replace(
@@ -165,8 +206,30 @@ async def drain_lock_only(conn: asyncpg.Connection, other: asyncpg.Connection, b
         done += len(rows)
 
 
+async def drain_claim_rows(conn: asyncpg.Connection, _: asyncpg.Connection, batch: int) -> int:
+    done = 0
+    while True:
+        await conn.execute(CLAIM_BEGIN)
+        rows = await conn.fetch(CLAIM_ROWS, ["bench"], batch)
+        await conn.execute("COMMIT")
+        if not rows:
+            return done
+        ids = [r["id"] for r in rows]
+        await conn.execute("BEGIN")
+        held = await conn.fetch(HOLD_CLAIM_ROWS, ids, [r["attempts"] for r in rows])
+        assert len(held) == len(rows)
+        await conn.execute(EFFECTS, ids, [r["message_id"] for r in rows])
+        await conn.fetch(FINISH_LOCKED, outcomes(rows, False), ["pending", "retrying"], "bench")
+        await conn.execute("COMMIT")
+        done += len(rows)
+
+
 Drain = Callable[[asyncpg.Connection, asyncpg.Connection, int], Awaitable[int]]
-SIDES: dict[str, Drain] = {"shipped": drain_shipped, "lock-only claim": drain_lock_only}
+SIDES: dict[str, Drain] = {
+    "shipped": drain_shipped,
+    "lock-only claim": drain_lock_only,
+    "claim rows": drain_claim_rows,
+}
 
 
 def backend_cpu(pids: Sequence[int]) -> float | None:
@@ -193,7 +256,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, list[dict[str
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in SIDES}
     try:
         for round_ in range(args.rounds):
-            order = list(SIDES) if round_ % 2 == 0 else list(reversed(SIDES))
+            order = list(SIDES)[round_ % len(SIDES) :] + list(SIDES)[: round_ % len(SIDES)]
             for name in order:
                 await fill(setup, args.messages)
                 cpu_before, started = backend_cpu(pids), time.perf_counter()
@@ -231,12 +294,15 @@ def report(runs: dict[str, list[dict[str, float]]]) -> None:
         medians[name] = (rate, statistics.median(cpu) if cpu else None)
         shown = f"{medians[name][1]:8.1f}" if cpu else "       -"
         print(f"{name:18} {rate:8.0f}   {shown}")
-    (shipped_rate, shipped_cpu), (lock_rate, lock_cpu) = medians.values()
-    print(f"lock-only / shipped: {lock_rate / shipped_rate:.2f}x the rate", end="")
-    if shipped_cpu and lock_cpu:
-        print(f", {lock_cpu / shipped_cpu:.2f}x PostgreSQL's CPU a message")
-    else:
-        print()
+    shipped_rate, shipped_cpu = medians["shipped"]
+    for name, (rate, cpu) in medians.items():
+        if name == "shipped":
+            continue
+        print(f"{name} / shipped: {rate / shipped_rate:.2f}x the rate", end="")
+        if shipped_cpu and cpu:
+            print(f", {cpu / shipped_cpu:.2f}x PostgreSQL's CPU a message")
+        else:
+            print()
 
 
 async def main() -> None:
