@@ -37,6 +37,29 @@ state: dict[str, Any] = {"sync_fail": False, "slow_seconds": 1.0}
 slow_started: asyncio.Event | None = None
 
 
+RECORD_SETTINGS = text(
+    """
+    INSERT INTO effects (inbox_id, source, message_id, attempt, payload)
+    SELECT :inbox_id, :source, :message_id, :attempt,
+           jsonb_build_object('enable_sort', current_setting('enable_sort'),
+                              'statement_timeout', current_setting('statement_timeout'))
+    """
+)
+
+
+async def record_settings(message: InboxMessage, ctx: HandlerContext) -> None:
+    """An effect holding the planner and timeout settings the handler's statements run with."""
+    await ctx.session.execute(
+        RECORD_SETTINGS,
+        {
+            "inbox_id": message.id,
+            "source": message.source,
+            "message_id": message.message_id,
+            "attempt": message.attempt,
+        },
+    )
+
+
 async def record(message: InboxMessage, ctx: HandlerContext) -> None:
     import json
 

@@ -185,6 +185,26 @@ class AttemptRecord(InboxTable, table=True):
     actor: str | None = Field(default=None, sa_column=Column(Text))
 
 
+class ClaimRecord(InboxTable, table=True):
+    """`inbox_claims`: the attempt a worker has begun on a message whose Python handlers run in
+    its batch's transaction (0008).
+
+    The batch locks its due rows without changing them, and commits these rows from a second
+    connection before any handler runs: the attempt counts even if it never finishes. The
+    finish deletes them in the batch's transaction. A claim still here past `locked_until`,
+    beside a message that is due and not locked, is an attempt that never finished; the next
+    claim records it as abandoned. Forwards keep the message row's lease (`processing`).
+    """
+
+    __tablename__ = "inbox_claims"
+
+    message_id: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    # `inbox_messages.attempts` + 1 when claimed: the attempt's number.
+    attempt: int = Field(sa_column=Column(Integer, nullable=False))
+    locked_until: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    actor: str | None = Field(default=None, sa_column=Column(Text))
+
+
 class AlertWatermark(InboxTable, table=True):
     """`inbox_alert_watermarks`: per alert target and source, the last dead-letter attempt
     notified and when (0004)."""
@@ -213,10 +233,30 @@ ATTEMPTS_FOLLOW_MESSAGES = (
     "FOR EACH STATEMENT EXECUTE FUNCTION inbox_attempts_follow_truncated()",
 )
 
+# Claims go with their message the same way (0008).
+CLAIMS_FOLLOW_MESSAGES = (
+    "CREATE FUNCTION inbox_claims_follow_deleted() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$BEGIN DELETE FROM inbox_claims AS c USING deleted WHERE c.message_id = deleted.id; "
+    "RETURN NULL; END$$",
+    "CREATE TRIGGER inbox_messages_deleted_claims AFTER DELETE ON inbox_messages "
+    "REFERENCING OLD TABLE AS deleted "
+    "FOR EACH STATEMENT EXECUTE FUNCTION inbox_claims_follow_deleted()",
+    "CREATE FUNCTION inbox_claims_follow_truncated() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$BEGIN DELETE FROM inbox_claims; RETURN NULL; END$$",
+    "CREATE TRIGGER inbox_messages_truncated_claims AFTER TRUNCATE ON inbox_messages "
+    "FOR EACH STATEMENT EXECUTE FUNCTION inbox_claims_follow_truncated()",
+)
+
 metadata = InboxTable.metadata
 
 
 @event.listens_for(metadata.tables["inbox_attempts"], "after_create")
 def _attempts_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
     for statement in ATTEMPTS_FOLLOW_MESSAGES:
+        connection.exec_driver_sql(statement)
+
+
+@event.listens_for(metadata.tables["inbox_claims"], "after_create")
+def _claims_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
+    for statement in CLAIMS_FOLLOW_MESSAGES:
         connection.exec_driver_sql(statement)

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.schema import Status
+from service.store.claims import SHOWN_STATUS
 from service.store.errors import translate_errors
 from service.store.notifications import NOTIFY
 
@@ -37,11 +38,14 @@ ADMIN_REPLAY = "admin_replay"
 ADMIN_DISCARD = "admin_discard"
 
 BULK_BATCH_SIZE = 500
+# The stored statuses of a message whose handlers' batch is in flight (see SHOWN_STATUS).
+IN_FLIGHT_STORED = frozenset({Status.PENDING, Status.RETRYING})
 
 # `attempts` here: those of the current budget (since accepted or last retried by an admin).
-SUMMARY_COLUMNS = """
-    id, source, message_id, event_type, status, attempts - budget_start AS attempts,
-    receive_count, received_at, last_received_at, next_attempt_at, processed_at, last_error
+SUMMARY_COLUMNS = f"""
+    id, source, message_id, event_type, {SHOWN_STATUS} AS status,
+    attempts - budget_start AS attempts, receive_count, received_at, last_received_at,
+    next_attempt_at, processed_at, last_error
 """
 
 
@@ -98,12 +102,21 @@ class MessageFilter:
             clauses.append("source = :source")
             params["source"] = self.source
         if self.statuses:
+            # The rows' own statuses, through the index; a message claimed by a batch of
+            # Python handlers is `processing` though its row says `pending` or `retrying`, so
+            # those are read too when `processing` is asked, and the shown status decides.
+            stored = list(self.statuses)
+            if Status.PROCESSING in stored:
+                stored += [s for s in (Status.PENDING, Status.RETRYING) if s not in stored]
             clauses.append("status = ANY(:statuses)")
-            params["statuses"] = list(self.statuses)
-            if Status.PROCESSED not in self.statuses:
+            params["statuses"] = stored
+            if Status.PROCESSED not in stored:
                 # Implied already; written out so that a generic plan, which cannot look into
                 # :statuses, still matches the partial status index's predicate (0003).
                 clauses.append(f"status <> '{Status.PROCESSED.value}'")
+            if set(stored) & IN_FLIGHT_STORED:
+                clauses.append(f"({SHOWN_STATUS}) = ANY(:shown_statuses)")
+                params["shown_statuses"] = list(self.statuses)
         if self.event_type is not None:
             like = glob_like(self.event_type)
             if like is None:  # no wildcard: equality, which the event_type index serves
@@ -183,7 +196,12 @@ async def get_message(engine: AsyncEngine, message_id: int) -> dict[str, Any]:
     return message
 
 
-LOCK_MESSAGE = text("SELECT status, attempts, source FROM inbox_messages WHERE id = :id FOR UPDATE")
+# The status as shown (a message between a batch's runs is `processing`), once any batch
+# holding the row has ended.
+LOCK_MESSAGE = text(
+    f"SELECT {SHOWN_STATUS} AS status, attempts, source FROM inbox_messages "  # noqa: S608
+    "WHERE id = :id FOR UPDATE"
+)
 
 # A fresh attempt budget: the worker claims `pending` rows whose next_attempt_at has come. The
 # budget starts at the attempts made so far, so the numbering goes on where it was (1 failed,

@@ -106,8 +106,14 @@ class MessageSavepoints:
         the transaction's statements, sending the setting only when it changes."""
         if self._limit_ms == statement_timeout_ms:
             return
-        await self._driver.execute(f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+        command = self._pending + f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}"
+        self._pending = ""
+        await self._driver.execute(command)
         self._limit_ms = statement_timeout_ms
+
+    def defer(self, command: str) -> None:
+        """Send `command` (a fixed one) with the next trip, before anything a handler sends."""
+        self._pending += f"{command}; "
 
     def release(self) -> None:
         """Keep the message's effects (sent with the next begin or flush)."""
@@ -229,23 +235,23 @@ async def claim_due(
             # cancelled mid-trip): the connection must not go back to the pool with it open.
             await conn.invalidate()
             raise
-    claimed = [
-        MessageRow(
-            id=r[0],
-            source=r[1],
-            message_id=r[2],
-            event_type=r[3],
-            attempts=r[4],
-            headers=r[5] or {},
-            body=r[6],
-            content_type=r[7],
-            trace_context=r[8],
-            budget_start=r[9],
-        )
-        for r in records
-    ]
-    claimed.sort(key=lambda row: row.id)
-    return claimed
+    return sorted((message_row(r) for r in records), key=lambda row: row.id)
+
+
+def message_row(r: asyncpg.Record) -> MessageRow:
+    """A claim's record (its first ten columns, in CLAIM's order) as a MessageRow."""
+    return MessageRow(
+        id=r[0],
+        source=r[1],
+        message_id=r[2],
+        event_type=r[3],
+        attempts=r[4],
+        headers=r[5] or {},
+        body=r[6],
+        content_type=r[7],
+        trace_context=r[8],
+        budget_start=r[9],
+    )
 
 
 # The rows of a batch are found by id, on the primary key, never through an index on `status`:
@@ -281,6 +287,119 @@ async def hold_claimed(conn: AsyncConnection, rows: Sequence[MessageRow]) -> set
     return {r.id for r in await conn.execute(HOLD_CLAIMED, params)}
 
 
+# The claim of a batch of Python handlers (0008): inside the batch's own transaction, lock the
+# due rows without changing them; the lock keeps every other claim, the reaper and the admin's
+# changes off them until the transaction ends. Their attempts are counted by `record_claims`,
+# from another connection, before any handler runs. A row whose claim is live belongs to a
+# batch between its optimistic run and its rerun, and is passed over; one whose claim expired
+# (`abandoned`) had an attempt that never finished, which this batch records instead of
+# running it. A claim of an older attempt (not above `attempts`) is stale and ignored.
+LOCK_DUE = """
+    SELECT m.id, m.source, m.message_id, m.event_type, m.attempts, m.headers, m.body,
+           m.content_type, m.trace_context, m.budget_start, c.attempt IS NOT NULL AS abandoned
+      FROM inbox_messages AS m
+      LEFT JOIN inbox_claims AS c ON c.message_id = m.id AND c.attempt > m.attempts
+     WHERE m.status IN ('pending', 'retrying')
+       AND m.next_attempt_at <= now()
+       AND m.source = ANY($1::text[])
+       AND NOT m.run_alone
+       AND (c.locked_until IS NULL OR c.locked_until < now())
+     ORDER BY m.next_attempt_at, m.id
+     LIMIT $2
+       FOR UPDATE OF m SKIP LOCKED
+"""
+RESTORE_SORTS = "SET LOCAL enable_sort TO DEFAULT"
+
+
+@dataclass(frozen=True)
+class LockedBatch:
+    """What `lock_due` locked: the rows to run, and those whose last attempt never finished."""
+
+    rows: list[MessageRow]
+    abandoned: list[MessageRow]
+
+
+async def lock_due(conn: AsyncConnection, sources: Sequence[str], limit: int) -> LockedBatch:
+    """Lock up to `limit` due messages of `sources` in `conn`'s transaction (which this begins:
+    call it first), in id order.
+
+    The claim's plan is the due index's (see NO_SORTS): sorts are left disabled, and the
+    caller must restore them (RESTORE_SORTS, `MessageSavepoints.defer`) before any handler
+    runs a statement in the transaction.
+    """
+    await conn.execute(NO_SORTS)
+    driver = await _driver(conn)
+    records = await driver.fetch(LOCK_DUE, list(sources), limit)
+    rows: list[MessageRow] = []
+    abandoned: list[MessageRow] = []
+    for r in sorted(records, key=lambda r: r[0]):
+        (abandoned if r[10] else rows).append(message_row(r))
+    return LockedBatch(rows, abandoned)
+
+
+# The attempts of a locked batch, each with its lease (seconds), committed on its own. A claim
+# left by an earlier attempt is taken over: the batch holds the message's lock.
+RECORD_CLAIMS = """
+    INSERT INTO inbox_claims AS c (message_id, attempt, locked_until, actor)
+    SELECT id, attempt, clock_timestamp() + lease * interval '1 second', $4
+      FROM unnest($1::bigint[], $2::int[], $3::float8[]) AS u(id, attempt, lease)
+        ON CONFLICT (message_id) DO UPDATE
+       SET attempt = excluded.attempt, locked_until = excluded.locked_until,
+           actor = excluded.actor
+"""
+
+
+async def record_claims(
+    engine: AsyncEngine, rows: Sequence[MessageRow], leases: Mapping[str, float], actor: str
+) -> None:
+    """Count the attempts of `rows` (locked by a batch's transaction on another connection of
+    `engine`'s pool), committed before this returns."""
+    if not rows:
+        return
+    async with translate_errors(), engine.connect() as conn:
+        driver = await _driver(conn)
+        await driver.execute(
+            RECORD_CLAIMS,
+            [r.id for r in rows],
+            [r.attempts + 1 for r in rows],
+            [leases[r.source] for r in rows],
+            actor,
+        )
+
+
+# The status the admin shows: a message claimed by a batch of Python handlers is `processing`,
+# as a leased one is, though its row stays `pending` or `retrying` until the batch commits.
+# The claims (a few hundred rows at most) are hashed once per query. Over `inbox_messages`,
+# unaliased.
+SHOWN_STATUS = (
+    "CASE WHEN status IN ('pending', 'retrying') AND (id, attempts + 1) IN "
+    "(SELECT c.message_id, c.attempt FROM inbox_claims AS c) THEN 'processing' ELSE status END"
+)
+
+
+# A locked batch's rerun (after its optimistic run rolled back): lock again the rows whose
+# claim is still this attempt's. A row whose claim expired and was taken over is left out.
+HOLD_LOCKED = text(
+    f"""
+    SELECT m.id
+      FROM inbox_messages AS m
+      JOIN unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
+        ON m.id = c.id
+      JOIN inbox_claims AS k ON k.message_id = m.id AND k.attempt = c.attempts + 1
+     WHERE {BY_ID_STATUS} IN ('pending', 'retrying')
+       AND m.attempts = c.attempts
+     ORDER BY m.id
+       FOR UPDATE OF m
+    """  # noqa: S608 - a fixed expression, no input
+)
+
+
+async def hold_locked(conn: AsyncConnection, rows: Sequence[MessageRow]) -> set[int]:
+    """Lock `rows` (claimed by `lock_due`) again; the ids still claimed by this attempt."""
+    params = {"ids": [r.id for r in rows], "attempts": [r.attempts for r in rows]}
+    return {r.id for r in await conn.execute(HOLD_LOCKED, params)}
+
+
 # The worker's cheap look, every poll: is a message that must run alone due? (The alone
 # index answers it, 0006.)
 ALONE_DUE = text(
@@ -302,7 +421,8 @@ async def alone_due(engine: AsyncEngine, sources: Sequence[str]) -> bool:
         return bool((await conn.execute(ALONE_DUE, {"sources": list(sources)})).scalar())
 
 
-# One round trip records a whole batch: the status update and the attempt rows. The update is
+# One round trip records a whole batch: the status update, the attempt rows, and the release of
+# the batch's claims (inbox_claims, for the messages claimed by `lock_due`). The update is
 # fenced on the attempts count and status the caller saw, so the outcome of a lease that expired
 # and was claimed again by someone else is dropped instead of overwriting the newer attempt.
 # An attempt that finished clears `run_alone`; one reaped unfinished sets it. The outcomes
@@ -333,6 +453,8 @@ FINISH_ATTEMPTS = f"""
            AND m.attempts = u.expected
            AND {BY_ID_STATUS} = ANY($2::text[])
      RETURNING m.id
+    ), released AS (
+        DELETE FROM inbox_claims AS c USING finished WHERE c.message_id = finished.id
     )
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
                                 error_type, error, traceback, duration_ms, actor)

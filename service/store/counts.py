@@ -21,20 +21,22 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.schema import Status
+from service.store.claims import SHOWN_STATUS
 from service.store.errors import translate_errors
 
 log = logging.getLogger(__name__)
 
 # The predicate is the partial index's own (`inbox_messages_status_received_idx`), written out,
-# so that the planner can use the index for it.
+# so that the planner can use the index for it. Messages claimed by a batch of Python handlers
+# count as `processing` (SHOWN_STATUS).
 NOT_PROCESSED_COUNTS = text(
     f"""
-    SELECT source, status, count(*) AS n,
+    SELECT source, {SHOWN_STATUS} AS status, count(*) AS n,
            extract(epoch FROM now() - min(received_at)) AS oldest_age
       FROM inbox_messages
      WHERE status <> '{Status.PROCESSED.value}'
-     GROUP BY source, status
-    """  # noqa: S608 - our own status value, no input
+     GROUP BY 1, 2
+    """  # noqa: S608 - our own SQL, no input
 )
 
 PROCESSED_COUNTS = text(

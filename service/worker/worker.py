@@ -9,11 +9,11 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.metrics import Metrics
 from service.core.settings import Settings
@@ -25,6 +25,7 @@ from service.processing.policy import failed_attempt, retry_failure
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope
 from service.sources.config_file import InboxConfig
 from service.store.claims import (
+    RESTORE_SORTS,
     AttemptResult,
     MessageRow,
     MessageSavepoints,
@@ -34,6 +35,9 @@ from service.store.claims import (
     expired_leases,
     finish_attempts,
     hold_claimed,
+    hold_locked,
+    lock_due,
+    record_claims,
     record_results,
     short_transaction,
 )
@@ -91,6 +95,21 @@ class _OptimisticRunFailed(Exception):
         self.result = result
 
 
+@dataclass
+class _Claimed:
+    """A batch's messages, whose attempts are counted before their handlers run.
+
+    `leased`: by `claim_due`, which leases each row (`processing` until `locked_until`): the
+    messages that run alone, and forwards. Otherwise by `lock_due` and `record_claims`: the
+    batch's first transaction locks its due rows and fills `rows` once their claims are
+    committed; a rerun locks them again by their claims.
+    """
+
+    leased: bool
+    rows: list[MessageRow] = field(default_factory=list)
+    locked: bool = False  # lock_due has run (the first transaction)
+
+
 class WorkerCrashed(Exception):
     """A side task (listener, poller) or claim loop died; the worker stopped with it."""
 
@@ -139,6 +158,16 @@ class Worker:
         self._leases = {
             name: lease_seconds(pipeline.config, self.options.lease_margin_seconds)
             for name, pipeline in sorted(self.pipelines.items())
+        }
+        # Python handlers' sources are claimed by locking their rows in the batch's own
+        # transaction (0008); forwards' by leasing them, since no transaction spans the call.
+        self._locking = {
+            name: lease
+            for name, lease in self._leases.items()
+            if self.pipelines[name].forward is None
+        }
+        self._forwarding = {
+            name: lease for name, lease in self._leases.items() if name not in self._locking
         }
         self._gate = Gate()
         self._alone_due = False
@@ -256,11 +285,17 @@ class Worker:
                 self.wake_one()  # a full batch: more may be waiting, let another loop help
 
     async def run_batch(self) -> int:
-        """Claim and run one batch; the number of messages claimed."""
+        """Claim and run one batch of the Python handlers' sources, and one of the forwards';
+        the larger number of messages claimed."""
+        locked = forwarded = 0
         async with self._gate.shared():
-            rows = await claim_due(self.engine, self._leases, self.options.batch_size)
-            await self._run_claimed(rows)
-        return len(rows)
+            if self._locking:
+                locked = await self._run_handlers(_Claimed(leased=False))
+            if self._forwarding:
+                rows = await claim_due(self.engine, self._forwarding, self.options.batch_size)
+                await self._run_claimed(rows)
+                forwarded = len(rows)
+        return max(locked, forwarded)
 
     async def run_alone(self) -> int:
         """Run the due messages whose last attempt never finished, each on its own: nothing
@@ -290,17 +325,14 @@ class Worker:
         handled = [row for row in rows if self.pipelines[row.source].forward is None]
         try:
             if handled:
-                try:
-                    await self._run_handlers(handled)
-                except Exception as exc:
-                    await self._end_attempts(handled, exc)
-                    raise
+                await self._run_handlers(_Claimed(leased=True, rows=handled))
         finally:
             if forwards:
                 await self._forward(forwards)
 
-    async def _run_handlers(self, rows: list[MessageRow]) -> None:
-        """Run Python handlers in one transaction: their effects commit with the outcomes.
+    async def _run_handlers(self, claimed: _Claimed) -> int:
+        """Run Python handlers in one transaction: their effects commit with the outcomes. The
+        number of messages claimed (`lock_due`'s, or the leased rows given).
 
         Optimistically first: no savepoint per message, one round trip less each, and the
         effects staged with `ctx.session.add` or `ctx.insert` sent once at the end. When a
@@ -311,47 +343,108 @@ class Worker:
         (a failing flush of an isolated message would roll back the session, and with it the
         whole batch). A source whose batch fell back runs isolated for
         `ISOLATE_AFTER_FAILURE_SECONDS`, so failing messages do not make every batch run twice.
+        When the transaction itself fails (the database, not a handler), the attempts counted
+        are ended as failures (`_end_attempts`).
         """
-        if self._isolating(rows):
-            await self._run_batch(rows, isolated=True)
-            return
+        try:
+            return await self._run_optimistically(claimed)
+        except Exception as exc:
+            if claimed.rows and not isinstance(exc, _OptimisticRunFailed):
+                await self._end_attempts(claimed, exc)
+            raise
+
+    async def _run_optimistically(self, claimed: _Claimed) -> int:
+        if claimed.leased and self._isolating(claimed.rows):
+            return await self._run_batch(claimed, isolated=True)
         try:
             try:
-                await self._run_batch(rows, isolated=False, defer_flush=True)
+                found = await self._run_batch(claimed, isolated=None, defer_flush=True)
             except _OptimisticRunFailed as failed:
                 if failed.row is not None:
                     raise
-                await self._run_batch(rows, isolated=False)
+                await self._run_batch(claimed, isolated=False)
         except _OptimisticRunFailed as failed:
+            rows = claimed.rows
             until = time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
             if failed.row is None or failed.result is None:  # cannot be, with a flush each
                 self._isolate_until.update((row.source, until) for row in rows)
-                await self._run_batch(rows, isolated=True)
-                return
-            self._isolate_until[failed.row.source] = until
-            await self._run_batch(rows, isolated=True, failed=(failed.row, failed.result))
+                await self._run_batch(claimed, isolated=True)
+            else:
+                self._isolate_until[failed.row.source] = until
+                await self._run_batch(claimed, isolated=True, failed=(failed.row, failed.result))
+            return len(rows)
+        return found
 
     def _isolating(self, rows: list[MessageRow]) -> bool:
         now = time.monotonic()
         return any(self._isolate_until.get(row.source, 0.0) > now for row in rows)
 
+    async def _hold(
+        self, conn: AsyncConnection, claimed: _Claimed
+    ) -> tuple[set[int], list[MessageRow]]:
+        """Lock the batch's rows in `conn`'s transaction: the ids still owned by this attempt,
+        and the messages whose last attempt never finished (found only by the first
+        transaction of a locked batch, which claims here; see `_abandon`)."""
+        if claimed.leased:
+            return await hold_claimed(conn, claimed.rows), []
+        if claimed.locked:
+            return await hold_locked(conn, claimed.rows), []
+        claimed.locked = True
+        batch = await lock_due(conn, list(self._locking), self.options.batch_size)
+        await record_claims(self.engine, batch.rows, self._locking, self.actor)
+        claimed.rows = batch.rows  # counted, committed
+        return {row.id for row in batch.rows}, batch.abandoned
+
+    def _abandon(self, rows: list[MessageRow]) -> list[AttemptResult]:
+        """The outcomes of attempts that never finished (claims that expired unreleased)."""
+        now = datetime.now(UTC)
+        return [
+            self._never_finished(row.id, row.source, row.attempts + 1, row.budget_start, now)
+            for row in rows
+        ]
+
+    def _never_finished(
+        self, message: int, source: str, attempt: int, budget_start: int, now: datetime
+    ) -> AttemptResult:
+        """Attempt `attempt` of message `message` (its id) never finished: retrying (to run
+        alone next), or dead when out of attempts."""
+        failure = retry_failure(
+            attempt,
+            self.pipelines[source].config,
+            "AttemptNeverFinished",
+            NEVER_FINISHED,
+            None,
+            budget_start=budget_start,
+            abandoned=True,
+        )
+        return failed_attempt(message, attempt, failure, now, now, unfinished=True)
+
     async def _run_batch(
         self,
-        rows: list[MessageRow],
+        claimed: _Claimed,
         *,
-        isolated: bool,
+        isolated: bool | None,
         defer_flush: bool = False,
         failed: tuple[MessageRow, AttemptResult] | None = None,
-    ) -> None:
-        """One transaction: hold the claims, run the handlers, record the outcomes, commit.
+    ) -> int:
+        """One transaction: hold the claims (or claim), run the handlers, record the outcomes,
+        commit. The number of messages claimed.
 
-        `failed`: a message whose attempt already failed (in an optimistic run rolled back
-        since); its outcome is recorded with the others and its handlers are not run again.
+        `isolated` None: with a savepoint per message if the batch's sources are isolating,
+        else without. `failed`: a message whose attempt already failed (in an optimistic run
+        rolled back since); its outcome is recorded with the others and its handlers are not
+        run again.
         """
-        results: list[AttemptResult] = []
         async with batch_transaction(self.engine) as conn:
-            held = await hold_claimed(conn, rows)
+            held, abandoned = await self._hold(conn, claimed)
+            results = self._abandon(abandoned)
+            rows = claimed.rows
+            if isolated is None:
+                isolated = self._isolating(rows)
+                defer_flush = defer_flush and not isolated
             async with handler_scope(conn) as (session, savepoints):
+                if not claimed.leased:
+                    savepoints.defer(RESTORE_SORTS)  # left off by lock_due (or a no-op)
                 deadline = None if isolated else BatchDeadline(savepoints)
                 try:
                     for row in rows:
@@ -390,9 +483,12 @@ class Worker:
                 if defer_flush:
                     await self._flush_staged(session, savepoints)
                 await savepoints.flush()
-            await finish_attempts(conn, results, self.actor, leased=True)
+            await finish_attempts(conn, results, self.actor, leased=claimed.leased)
         # Committed: effects and processed marks together.
-        self._count(rows, results)
+        if abandoned:
+            log.warning("expired claims reaped", extra={"count": len(abandoned)})
+        self._count([*rows, *abandoned], results)
+        return len(rows) + len(abandoned)
 
     @staticmethod
     async def _flush_staged(session: HandlerSession, savepoints: MessageSavepoints) -> None:
@@ -407,10 +503,11 @@ class Worker:
             )
             raise _OptimisticRunFailed(None, None) from exc
 
-    async def _end_attempts(self, rows: list[MessageRow], exc: Exception) -> None:
+    async def _end_attempts(self, claimed: _Claimed, exc: Exception) -> None:
         """The batch's transaction failed (the database, not a handler): end its attempts now
-        as retryable failures instead of leaving them to the reaper. Best effort: if the
-        database is gone, the reaper does it once their claims expire."""
+        as retryable failures instead of leaving them to expire. Best effort: if the database
+        is gone, they are recorded as abandoned once their claims expire."""
+        rows = claimed.rows
         now = datetime.now(UTC)
         error = f"the attempt's transaction failed: {type(exc).__name__}: {exc}"
         results = [
@@ -431,7 +528,7 @@ class Worker:
             for row in rows
         ]
         try:
-            await record_results(self.engine, results, self.actor, leased=True)
+            await record_results(self.engine, results, self.actor, leased=claimed.leased)
         except Exception as again:
             log.warning(
                 "could not end the failed batch's attempts; their claims will expire",
@@ -486,21 +583,8 @@ class Worker:
             expired = await expired_leases(conn, self.sources, REAP_LIMIT)
             now = datetime.now(UTC)
             results = [
-                failed_attempt(
-                    lease.id,
-                    lease.attempts,
-                    retry_failure(
-                        lease.attempts,
-                        self.pipelines[lease.source].config,
-                        "AttemptNeverFinished",
-                        NEVER_FINISHED,
-                        None,
-                        budget_start=lease.budget_start,
-                        abandoned=True,
-                    ),
-                    now,
-                    now,
-                    unfinished=True,
+                self._never_finished(
+                    lease.id, lease.source, lease.attempts, lease.budget_start, now
                 )
                 for lease in expired
             ]

@@ -166,7 +166,7 @@ async def test_a_processing_process_killed_mid_batch_loses_and_repeats_nothing(
         await wait_listening(db, 1)
         answers = await deliver(server.url, ids, body=body)
         assert set(answers.values()) == {200}
-        in_flight = "SELECT count(*) FROM inbox_messages WHERE status = 'processing'"
+        in_flight = "SELECT count(*) FROM inbox_claims"
         deadline = time.monotonic() + 30
         while await db.fetchval(in_flight) == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -221,10 +221,12 @@ async def test_a_handler_blocking_its_event_loop_does_not_slow_ingest(
                 latencies.append(time.perf_counter() - began)
                 assert reply.status_code == 200
                 await asyncio.sleep(0.05)
-        assert (
-            await db.fetchval("SELECT status FROM inbox_messages WHERE message_id = 'blocker'")
-            == "processing"
+        # Still in flight: claimed (its attempt counted), not finished.
+        blocker = await db.fetchrow(
+            "SELECT m.status, c.attempt FROM inbox_messages AS m "
+            "JOIN inbox_claims AS c ON c.message_id = m.id WHERE m.message_id = 'blocker'"
         )
+        assert (blocker["status"], blocker["attempt"]) == ("pending", 1)
         latencies.sort()
         assert latencies[98] < 0.1, latencies[-5:]
         assert await db.fetchval("SELECT count(*) FROM inbox_messages") == 101
@@ -280,6 +282,7 @@ async def test_sigterm_drains_both_roles_and_stops_the_embedded_database(
                 await db.fetchval("SELECT count(*) FROM inbox_messages WHERE status = 'processing'")
                 == 0
             )
+            assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
             effects = await db.fetch(
                 "SELECT message_id, count(*) AS n FROM effects GROUP BY message_id"
             )

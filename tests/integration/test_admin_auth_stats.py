@@ -159,3 +159,55 @@ async def test_sources_describe_config_without_secrets(
     assert signed["redelivery_days"] == 3.0
     assert sources["plain"]["forward"] is None
     assert sources["plain"]["mode"] == "async"
+
+
+async def test_a_message_whose_handlers_batch_is_in_flight_shows_as_processing(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # A batch of Python handlers leaves its rows as they were until it commits; its claims
+    # (inbox_claims, the attempt each has begun) say they are in flight.
+    running = await seed(db, "running")
+    again = await seed(db, "again", status="retrying", attempts=1)
+    await seed(db, "waiting")
+    stale = await seed(db, "stale", attempts=2)  # its claim is of an attempt since finished
+    claim = (
+        "INSERT INTO inbox_claims (message_id, attempt, locked_until) "
+        "VALUES ($1, $2, now() + interval '30 seconds')"
+    )
+    await db.execute(claim, running, 1)
+    await db.execute(claim, again, 2)
+    await db.execute(claim, stale, 2)
+
+    async def listed(query: str) -> dict[str, str]:
+        reply = await client.get(f"/admin/messages{query}", headers=AUTH)
+        assert reply.status_code == 200, reply.text
+        return {m["message_id"]: m["status"] for m in reply.json()["items"]}
+
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        assert await listed("") == {
+            "running": "processing",
+            "again": "processing",
+            "waiting": "pending",
+            "stale": "pending",
+        }
+        assert await listed("?status=processing") == {
+            "running": "processing",
+            "again": "processing",
+        }
+        assert await listed("?status=pending") == {"waiting": "pending", "stale": "pending"}
+        assert await listed("?status=retrying") == {}
+        assert await listed("?status=retrying&status=processing") == {
+            "running": "processing",
+            "again": "processing",
+        }
+        detail = (await client.get(f"/admin/messages/{running}", headers=AUTH)).json()
+        stats = (await client.get("/admin/stats", headers=AUTH)).json()
+    assert detail["status"] == "processing"
+    assert stats["by_status"]["processing"] == 2
+    assert stats["by_status"]["pending"] == 2
+    assert stats["by_status"]["retrying"] == 0
+    # The rows themselves are unchanged.
+    assert {r["status"] for r in await db.fetch("SELECT status FROM inbox_messages")} == {
+        "pending",
+        "retrying",
+    }

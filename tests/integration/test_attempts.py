@@ -12,7 +12,7 @@ from service.core.db import create_engine
 from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import parse_inbox_config
-from service.store.claims import claim_due, hold_claimed
+from service.store.claims import claim_due, hold_claimed, hold_locked, lock_due, record_claims
 from service.worker.worker import Worker, WorkerOptions
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
@@ -128,3 +128,72 @@ async def test_a_late_attempt_whose_claim_was_reaped_is_fenced_off(
     finally:
         await engine.dispose()
     assert await status_of(db, "m1") == "processing"
+
+
+async def test_a_batch_that_vanished_after_counting_its_attempts_is_counted_then_run_alone(
+    client_for: AppFactory, db: asyncpg.Connection, database_url: str
+) -> None:
+    await create_effects(db)
+    await insert_messages(db, "m1", "m2", "m3")
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    try:
+        # A batch locks the three and commits their claims, then its worker dies: the
+        # transaction is gone, the claims (its attempts counted) are left.
+        async with engine.connect() as conn:
+            transaction = await conn.begin()
+            batch = await lock_due(conn, ["hooks"], 10)
+            await record_claims(engine, batch.rows, {"hooks": 0.2}, "test")
+            await transaction.rollback()
+        assert [r.attempts for r in batch.rows] == [0, 0, 0]
+        assert await db.fetchval("SELECT count(*) FROM inbox_claims WHERE attempt = 1") == 3
+    finally:
+        await engine.dispose()
+    async with client_for(config("tests.handlers:record"), run_worker=True, **WORKER_SETTINGS):
+        await wait_until(db, "SELECT count(*) FROM effects", 3, 15)
+    for name in ("m1", "m2", "m3"):
+        attempts = await attempts_of(db, name)
+        assert [a["outcome"] for a in attempts] == ["abandoned", "processed"]
+        assert attempts[0]["error_type"] == "AttemptNeverFinished"
+        assert attempts[1]["attempt"] == 2
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 0
+    assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
+    runs = await db.fetch("SELECT DISTINCT attempt FROM effects")
+    assert [r["attempt"] for r in runs] == [2]
+
+
+async def test_a_live_claim_is_passed_over_and_a_late_rerun_is_fenced_off(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    await create_effects(db)
+    await insert_messages(db, "m1")
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    pipelines = resolve_pipelines(parse_inbox_config(config("tests.handlers:record")))
+    worker = Worker(engine, database_url, pipelines, WorkerOptions())
+    try:
+        # A batch's optimistic run rolled back; its claim stands until its rerun.
+        async with engine.connect() as conn:
+            transaction = await conn.begin()
+            (mine,) = (await lock_due(conn, ["hooks"], 10)).rows
+            await record_claims(engine, [mine], {"hooks": 30.0}, "test")
+            await transaction.rollback()
+        # Meanwhile another claim passes the message over.
+        async with engine.begin() as conn:
+            other = await lock_due(conn, ["hooks"], 10)
+        assert (other.rows, other.abandoned) == ([], [])
+        assert await worker.run_batch() == 0
+        # The rerun locks it again by its claim.
+        async with engine.begin() as conn:
+            assert await hold_locked(conn, [mine]) == {mine.id}
+        # Once the claim has expired, the next claim records the attempt as abandoned, and a
+        # rerun that comes even later may not lock (and so may not run or commit) the row.
+        await db.execute("UPDATE inbox_claims SET locked_until = now() - interval '1 second'")
+        assert await worker.run_batch() == 1
+        async with engine.begin() as conn:
+            assert await hold_locked(conn, [mine]) == set()
+    finally:
+        await engine.dispose()
+    row = await db.fetchrow("SELECT status, attempts, run_alone FROM inbox_messages")
+    assert (row["status"], row["attempts"], row["run_alone"]) == ("retrying", 1, True)
+    assert [a["outcome"] for a in await attempts_of(db, "m1")] == ["abandoned"]
+    assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0

@@ -296,8 +296,12 @@ async def test_a_batch_finds_its_rows_by_id_not_among_earlier_claims(
     # The arrangement does mislead the planner: on the column, it reads the status index,
     # through the 20,000 earlier claims.
     assert "inbox_messages_status_received_idx" in await batch_plans(db, engine, ids, by_id=False)
-    # The batch's own statements find their rows on the primary key.
-    assert set(await batch_plans(db, engine, ids, by_id=True)) == {"inbox_messages_pkey"}
+    # The batch's own statements find their rows on the primary key (the finish's release of
+    # their claims, on the claims' own).
+    assert set(await batch_plans(db, engine, ids, by_id=True)) == {
+        "inbox_messages_pkey",
+        "inbox_claims_pkey",
+    }
 
     now = datetime.now(UTC)
     before = await index_entries_read(db, engine)

@@ -43,7 +43,12 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
     try:
         await upgrade(engine)
         assert await current_revision(engine) == head_revision()
-        assert await tables(url) == {"inbox_messages", "inbox_attempts", "inbox_alert_watermarks"}
+        assert await tables(url) == {
+            "inbox_messages",
+            "inbox_attempts",
+            "inbox_claims",
+            "inbox_alert_watermarks",
+        }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None
         assert await tables(url) == set()
@@ -69,7 +74,8 @@ async def test_message_ids_are_unique_per_source(db: asyncpg.Connection) -> None
 async def test_deleting_or_truncating_messages_takes_their_attempts_and_only_theirs(
     db: asyncpg.Connection,
 ) -> None:
-    # No foreign key since 0007: statement triggers do what its ON DELETE CASCADE did.
+    # No foreign key since 0007: statement triggers do what its ON DELETE CASCADE did, for the
+    # attempts and (0008) for the claims.
     ids = [
         await db.fetchval(
             "INSERT INTO inbox_messages (source, message_id, body) VALUES ('a', $1, '') "
@@ -83,11 +89,18 @@ async def test_deleting_or_truncating_messages_takes_their_attempts_and_only_the
         "SELECT id, n, now(), 'failed' FROM unnest($1::bigint[]) AS id, generate_series(1, 2) n",
         ids,
     )
+    await db.execute(
+        "INSERT INTO inbox_claims (message_id, attempt, locked_until) "
+        "SELECT id, 3, now() FROM unnest($1::bigint[]) AS id",
+        ids,
+    )
     await db.execute("DELETE FROM inbox_messages WHERE message_id LIKE 'gone-%'")
     left = await db.fetch("SELECT message_id, attempt FROM inbox_attempts ORDER BY attempt")
     assert [(r["message_id"], r["attempt"]) for r in left] == [(ids[2], 1), (ids[2], 2)]
+    assert await db.fetchval("SELECT array_agg(message_id) FROM inbox_claims") == [ids[2]]
     await db.execute("TRUNCATE inbox_messages")
     assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
+    assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
 
 
 async def test_a_migration_waits_for_another_longer_than_a_statement_may_take(

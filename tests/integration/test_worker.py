@@ -194,14 +194,31 @@ async def test_graceful_shutdown_finishes_in_flight_work(
         ) as client:
             await client.post("/webhooks/hooks", content=b"{}", headers=delivery("slow"))
             await asyncio.wait_for(handlers.slow_started.wait(), 10)
-            # The attempt was counted (and committed) before the handler began.
-            assert await status_of(db, "slow") == "processing"
-            assert await db.fetchval("SELECT attempts FROM inbox_messages") == 1
+            # The attempt was counted (and committed) before the handler began: a claim beside
+            # the row, which the batch's transaction holds locked and unchanged.
+            assert await db.fetchval("SELECT attempt FROM inbox_claims") == 1
+            assert await status_of(db, "slow") == "pending"
             # Leaving the block shuts the app down while the handler is still sleeping.
     finally:
         handlers.slow_started = None
     assert await status_of(db, "slow") == "processed"
+    assert await db.fetchval("SELECT attempts FROM inbox_messages") == 1
+    assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
     assert await db.fetchval("SELECT count(*) FROM effects") == 1
+
+
+async def test_handlers_run_with_the_servers_planner_settings_and_their_own_timeout(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # The claim disables sorts for its own plan, in the transaction the handlers then run in:
+    # they must not inherit that, optimistic batch or isolated.
+    await create_effects(db)
+    await insert_messages(db, "m1", "m2")
+    cfg = config("tests.handlers:record_settings", handler_timeout_seconds=7)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(db, "SELECT count(*) FROM effects", 2, 15)
+    settings = [json.loads(r["payload"]) for r in await db.fetch("SELECT payload FROM effects")]
+    assert settings == [{"enable_sort": "on", "statement_timeout": "7s"}] * 2
 
 
 async def test_messages_of_other_sources_are_left_alone(
