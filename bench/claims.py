@@ -1,21 +1,23 @@
-"""bench/claims: what PostgreSQL spends per message on the worker's statements, as shipped and
-as a claim that only locks its rows would spend (a design measured here, not built).
+"""bench/claims: what PostgreSQL spends per message on the worker's statements, with each way of
+claiming a batch.
 
-As shipped, a batch is claimed by an UPDATE that marks its rows `processing` and commits; a
-second transaction locks them again (the hold), runs the handlers, and marks them processed.
-Both UPDATEs write a new version of the wide message row and an entry in each of its full
-indexes (`status` is in the partial indexes' predicates, so neither can be a HOT update).
+- **locked** (shipped for Python handlers since 0008): the processing transaction locks its due
+  rows (`FOR UPDATE SKIP LOCKED`) without changing them, and a second connection commits the
+  attempts as claims (`inbox_claims`) before any handler would run; the finish updates each
+  message row once and releases the claims.
+- **leased** (forwards and the messages that run alone; every batch before 0008): an UPDATE
+  marks the rows `processing`, counting the attempts, and commits; a second transaction locks
+  them again (the hold) and finishes them. Both UPDATEs write a new version of the wide row and
+  an entry in each of its full indexes (`status` is in the partial indexes' predicates, so
+  neither can be a HOT update).
+- **claim rows** (a variant measured, not built): one connection, as leased, but the claim
+  inserts claim rows instead of updating the message rows, and the hold locks the rows whose
+  claim is still this attempt's.
 
-The alternative locks the due rows (`FOR UPDATE SKIP LOCKED`) in the processing transaction
-itself, without changing them, and records each attempt (with its lease) in a narrow
-`inbox_claims` table from a second connection, committed before any handler runs, so an attempt
-that kills its worker is still counted. The finish then updates each message row once and
-deletes its claim. A third side keeps one connection: the claim inserts the claim rows (and
-commits) instead of updating the message rows, and the hold locks them as now. Every side
-writes the same one-row effect and attempt row per message.
-
-Each side drains the same backlog in batches on one connection, in turn, for `--rounds`; the
-server's CPU is read from /proc around each drain (a local server only; otherwise rates only).
+Every side writes the same one-row effect and attempt row per message, with the service's own
+statements where it has them. Each drains the same backlog on one connection, in turn, for
+`--rounds`; the server's CPU is read from /proc around each drain (a local server only;
+otherwise the rates alone).
 """
 
 from __future__ import annotations
@@ -41,7 +43,14 @@ from bench.process import INSERT_BACKLOG
 from service.core.db import asyncpg_dsn, create_engine
 from service.core.migrations import upgrade
 from service.core.settings import Settings
-from service.store.claims import CLAIM_BEGIN, CLAIM_DUE, FINISH_ATTEMPTS, HOLD_CLAIMED
+from service.store.claims import (
+    CLAIM_BEGIN,
+    CLAIM_DUE,
+    FINISH_ATTEMPTS,
+    HOLD_CLAIMED,
+    LOCK_DUE,
+    RECORD_CLAIMS,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -51,44 +60,14 @@ CREATE TABLE bench_effects (
     inbox_id   bigint NOT NULL,
     message_id text   NOT NULL
 );
-CREATE TABLE inbox_claims (
-    message_id   bigint PRIMARY KEY,
-    attempt      int         NOT NULL,
-    locked_until timestamptz NOT NULL,
-    actor        text
-);
 """
 EFFECTS = """
     INSERT INTO bench_effects (inbox_id, message_id)
     SELECT * FROM unnest($1::bigint[], $2::text[])
 """
-# The shipped hold, in asyncpg's placeholders.
+# The leased batch's hold, in asyncpg's placeholders.
 HOLD = HOLD_CLAIMED.text.replace(":ids", "$1").replace(":attempts", "$2")
 
-# The lock-only claim: the due rows whose last claim is not live, locked, not changed. A claim
-# row found here belongs to an attempt that never finished (its worker died).
-LOCK_CLAIM = """
-    SELECT m.id, m.source, m.message_id, m.event_type, m.attempts, m.headers, m.body,
-           m.content_type, m.trace_context, m.budget_start, c.attempt AS unfinished_attempt
-      FROM inbox_messages AS m
-      LEFT JOIN inbox_claims AS c ON c.message_id = m.id
-     WHERE m.status IN ('pending', 'retrying')
-       AND m.next_attempt_at <= now()
-       AND m.source = ANY($1::text[])
-       AND m.run_alone = false
-       AND (c.locked_until IS NULL OR c.locked_until < now())
-     ORDER BY m.next_attempt_at, m.id
-     LIMIT $2
-       FOR UPDATE OF m SKIP LOCKED
-"""
-# From a second connection, committed at once: the attempts count before a handler runs.
-RECORD_CLAIMS = """
-    INSERT INTO inbox_claims (message_id, attempt, actor, locked_until)
-    SELECT id, attempt, $3, clock_timestamp() + interval '30 seconds'
-      FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt)
-        ON CONFLICT (message_id) DO UPDATE
-       SET attempt = excluded.attempt, locked_until = excluded.locked_until
-"""
 # The one-connection variant: the claim writes claim rows, not message rows. The message row's
 # lock only orders concurrent claimers; the claims' primary key decides which one wins (an
 # expired claim is taken over, a live one is not).
@@ -128,13 +107,6 @@ HOLD_CLAIM_ROWS = """
      ORDER BY m.id
        FOR UPDATE OF m
 """
-# The shipped finish, fenced on the unleased statuses, deleting the batch's claims as well.
-FINISH_LOCKED = FINISH_ATTEMPTS.replace(
-    "    INSERT INTO inbox_attempts",
-    "    , released AS (DELETE FROM inbox_claims WHERE message_id IN (SELECT id FROM finished))\n"
-    "    INSERT INTO inbox_attempts",
-)
-assert FINISH_LOCKED != FINISH_ATTEMPTS
 
 
 def parse_args() -> argparse.Namespace:
@@ -147,7 +119,7 @@ def parse_args() -> argparse.Namespace:
 
 def outcomes(rows: Sequence[asyncpg.Record], counted: bool) -> str:
     """Every row processed, as FINISH_ATTEMPTS reads outcomes. `counted`: the claim already
-    added this attempt to `attempts` (the shipped claim returns the count made before it)."""
+    added this attempt to `attempts` (the leased claim returns the count made before it)."""
     now = datetime.now(UTC).isoformat()
     attempt = [r["attempts"] + 1 for r in rows]
     return orjson.dumps(
@@ -173,7 +145,7 @@ def outcomes(rows: Sequence[asyncpg.Record], counted: bool) -> str:
     ).decode()
 
 
-async def drain_shipped(conn: asyncpg.Connection, _: asyncpg.Connection, batch: int) -> int:
+async def drain_leased(conn: asyncpg.Connection, _: asyncpg.Connection, batch: int) -> int:
     done = 0
     while True:
         await conn.execute(CLAIM_BEGIN)
@@ -190,18 +162,19 @@ async def drain_shipped(conn: asyncpg.Connection, _: asyncpg.Connection, batch: 
         done += len(rows)
 
 
-async def drain_lock_only(conn: asyncpg.Connection, other: asyncpg.Connection, batch: int) -> int:
+async def drain_locked(conn: asyncpg.Connection, other: asyncpg.Connection, batch: int) -> int:
     done = 0
     while True:
         await conn.execute(CLAIM_BEGIN)
-        rows = await conn.fetch(LOCK_CLAIM, ["bench"], batch)
+        rows = await conn.fetch(LOCK_DUE, ["bench"], batch)
         if not rows:
             await conn.execute("COMMIT")
             return done
         ids = [r["id"] for r in rows]
-        await other.execute(RECORD_CLAIMS, ids, [r["attempts"] + 1 for r in rows], "bench")
+        attempts = [r["attempts"] + 1 for r in rows]
+        await other.execute(RECORD_CLAIMS, ids, attempts, [30.0] * len(ids), "bench")
         await conn.execute(EFFECTS, ids, [r["message_id"] for r in rows])
-        await conn.fetch(FINISH_LOCKED, outcomes(rows, False), ["pending", "retrying"], "bench")
+        await conn.fetch(FINISH_ATTEMPTS, outcomes(rows, False), ["pending", "retrying"], "bench")
         await conn.execute("COMMIT")
         done += len(rows)
 
@@ -219,15 +192,15 @@ async def drain_claim_rows(conn: asyncpg.Connection, _: asyncpg.Connection, batc
         held = await conn.fetch(HOLD_CLAIM_ROWS, ids, [r["attempts"] for r in rows])
         assert len(held) == len(rows)
         await conn.execute(EFFECTS, ids, [r["message_id"] for r in rows])
-        await conn.fetch(FINISH_LOCKED, outcomes(rows, False), ["pending", "retrying"], "bench")
+        await conn.fetch(FINISH_ATTEMPTS, outcomes(rows, False), ["pending", "retrying"], "bench")
         await conn.execute("COMMIT")
         done += len(rows)
 
 
 Drain = Callable[[asyncpg.Connection, asyncpg.Connection, int], Awaitable[int]]
 SIDES: dict[str, Drain] = {
-    "shipped": drain_shipped,
-    "lock-only claim": drain_lock_only,
+    "locked": drain_locked,
+    "leased": drain_leased,
     "claim rows": drain_claim_rows,
 }
 
@@ -294,13 +267,13 @@ def report(runs: dict[str, list[dict[str, float]]]) -> None:
         medians[name] = (rate, statistics.median(cpu) if cpu else None)
         shown = f"{medians[name][1]:8.1f}" if cpu else "       -"
         print(f"{name:18} {rate:8.0f}   {shown}")
-    shipped_rate, shipped_cpu = medians["shipped"]
+    base_rate, base_cpu = medians["leased"]
     for name, (rate, cpu) in medians.items():
-        if name == "shipped":
+        if name == "leased":
             continue
-        print(f"{name} / shipped: {rate / shipped_rate:.2f}x the rate", end="")
-        if shipped_cpu and cpu:
-            print(f", {cpu / shipped_cpu:.2f}x PostgreSQL's CPU a message")
+        print(f"{name} / leased: {rate / base_rate:.2f}x the rate", end="")
+        if base_cpu and cpu:
+            print(f", {cpu / base_cpu:.2f}x PostgreSQL's CPU a message")
         else:
             print()
 
