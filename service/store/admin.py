@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.schema import Status
-from service.store.claims import SHOWN_STATUS
+from service.store.claims import SHOWN_ATTEMPTS, SHOWN_STATUS
 from service.store.errors import translate_errors
 from service.store.notifications import NOTIFY
 
@@ -44,7 +44,7 @@ IN_FLIGHT_STORED = frozenset({Status.PENDING, Status.RETRYING})
 # `attempts` here: those of the current budget (since accepted or last retried by an admin).
 SUMMARY_COLUMNS = f"""
     id, source, message_id, event_type, {SHOWN_STATUS} AS status,
-    attempts - budget_start AS attempts, receive_count, received_at, last_received_at,
+    {SHOWN_ATTEMPTS} - budget_start AS attempts, receive_count, received_at, last_received_at,
     next_attempt_at, processed_at, last_error
 """
 

@@ -367,14 +367,16 @@ async def record_claims(
         )
 
 
-# The status the admin shows: a message claimed by a batch of Python handlers is `processing`,
-# as a leased one is, though its row stays `pending` or `retrying` until the batch commits.
-# The claims (a few hundred rows at most) are hashed once per query. Over `inbox_messages`,
-# unaliased.
-SHOWN_STATUS = (
-    "CASE WHEN status IN ('pending', 'retrying') AND (id, attempts + 1) IN "
-    "(SELECT c.message_id, c.attempt FROM inbox_claims AS c) THEN 'processing' ELSE status END"
+# What the admin shows: a message claimed by a batch of Python handlers is `processing`, with
+# its attempt counted, as a leased one is, though its row stays `pending` or `retrying` (and
+# its `attempts` as they were) until the batch commits. The claims (a few hundred rows at
+# most) are hashed once per query. Over `inbox_messages`, unaliased.
+_CLAIMED = (
+    "status IN ('pending', 'retrying') AND (id, attempts + 1) IN "
+    "(SELECT c.message_id, c.attempt FROM inbox_claims AS c)"
 )
+SHOWN_STATUS = f"CASE WHEN {_CLAIMED} THEN 'processing' ELSE status END"
+SHOWN_ATTEMPTS = f"CASE WHEN {_CLAIMED} THEN attempts + 1 ELSE attempts END"
 
 
 # A locked batch's rerun (after its optimistic run rolled back): lock again the rows whose

@@ -108,7 +108,9 @@ class MessageSummary(BaseModel):
     source: str = Field(description="The source the message came to.")
     message_id: str = Field(description="The sender's message id: the dedup key.")
     event_type: str | None = Field(description="The event type, when the source names one.")
-    status: Status = Field(description="Where the message is in processing.")
+    status: Status = Field(
+        description="Where the message is in processing (`processing`: an attempt is in flight)."
+    )
     attempt_count: int = Field(
         description="Processing attempts used of its current budget: since the message was "
         "accepted or last retried (the history's attempt numbers go on across retries)."
