@@ -59,6 +59,45 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
         await drop_database(pg_server, name)
 
 
+async def test_a_downgrade_past_0008_turns_claims_into_expiring_leases(pg_server: str) -> None:
+    # The older release counts an attempt in flight on the row itself, as a lease its reaper
+    # ends once it expires: a claim must not vanish uncounted.
+    name = await create_database(pg_server)
+    url = with_database(pg_server, name)
+    engine = create_engine(url, Settings(database_url="x"))
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await upgrade(engine)
+        ids = [
+            await conn.fetchval(
+                "INSERT INTO inbox_messages (source, message_id, body, status, attempts) "
+                "VALUES ('a', $1, '', $2, $3) RETURNING id",
+                *row,
+            )
+            for row in (("claimed", "retrying", 1), ("stale", "pending", 2), ("idle", "pending", 0))
+        ]
+        await conn.executemany(
+            "INSERT INTO inbox_claims (message_id, attempt, locked_until) "
+            "VALUES ($1, $2, '2026-01-01T00:00:00Z')",
+            [(ids[0], 2), (ids[1], 2)],
+        )
+        await downgrade(engine, "0007")
+        rows = await conn.fetch(
+            "SELECT message_id, status, attempts, locked_until IS NOT NULL AS leased "
+            "FROM inbox_messages ORDER BY id"
+        )
+        assert [tuple(r) for r in rows] == [
+            ("claimed", "processing", 2, True),
+            ("stale", "pending", 2, False),
+            ("idle", "pending", 0, False),
+        ]
+        assert "inbox_claims" not in await tables(url)
+    finally:
+        await conn.close()
+        await engine.dispose()
+        await drop_database(pg_server, name)
+
+
 async def test_message_ids_are_unique_per_source(db: asyncpg.Connection) -> None:
     insert = "INSERT INTO inbox_messages (source, message_id, body) VALUES ($1, $2, '')"
     await db.execute(insert, "a", "1")
