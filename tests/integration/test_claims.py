@@ -28,12 +28,14 @@ from service.store.claims import (
     FINISH_ATTEMPTS,
     HOLD_CLAIMED,
     LEASED,
+    LOCK_DUE,
     NO_SORTS,
     AttemptResult,
     claim_due,
     expired_leases,
     finish_attempts,
     hold_claimed,
+    lock_due,
 )
 
 BACKLOG = 20_000
@@ -158,6 +160,32 @@ async def test_a_backlog_the_statistics_have_not_seen_is_claimed_in_due_index_or
     # The claim committed: the rows are leased, and its connection left no transaction open.
     leased = "SELECT count(*) FROM inbox_messages WHERE status = 'processing' AND attempts = 1"
     assert await stale.fetchval(leased) == 103
+
+
+async def test_a_locked_claim_of_an_unseen_backlog_reads_the_due_index_in_order(
+    stale: asyncpg.Connection, engine: AsyncEngine
+) -> None:
+    # As the leased claim above: left to itself, the planner sorts every due row.
+    lock_args = (["burst"], 100)
+    await stale.execute("BEGIN")
+    try:
+        explained = await stale.fetchval("EXPLAIN (FORMAT JSON) " + LOCK_DUE, *lock_args)
+    finally:
+        await stale.execute("ROLLBACK")
+    assert sorts(list(nodes(json.loads(explained)[0]["Plan"])))
+
+    before = await index_entries_read(stale, engine)
+    async with engine.begin() as conn:
+        batch = await lock_due(conn, ["burst"], 100)
+        # Its transaction leaves sorts off until the worker restores them.
+        assert (await conn.execute(text("SHOW enable_sort"))).scalar() == "off"
+    read = read_since(before, await index_entries_read(stale, engine))
+    assert set(read) <= {"inbox_messages_due_idx", "inbox_messages_pkey"}, read
+    assert read["inbox_messages_due_idx"] < 1_000, read
+    # The oldest due first (b1-b3 are leased), locked and left as they were.
+    assert [row.message_id for row in batch.rows] == [f"b{n}" for n in range(4, 104)]
+    assert batch.abandoned == []
+    assert await stale.fetchval("SELECT count(*) FROM inbox_messages WHERE attempts = 1") == 4
 
 
 async def test_the_message_that_must_run_alone_is_found_by_its_own_index(
