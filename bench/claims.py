@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import orjson
 import psutil
 
 from bench.load import BODY_TEMPLATE
@@ -43,6 +42,7 @@ from bench.process import INSERT_BACKLOG
 from service.core.db import asyncpg_dsn, create_engine
 from service.core.migrations import upgrade
 from service.core.settings import Settings
+from service.core.status import Status
 from service.store.claims import (
     CLAIM_BEGIN,
     CLAIM_DUE,
@@ -50,6 +50,8 @@ from service.store.claims import (
     HOLD_CLAIMED,
     LOCK_DUE,
     RECORD_CLAIMS,
+    AttemptResult,
+    outcomes_document,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -118,31 +120,15 @@ def parse_args() -> argparse.Namespace:
 
 
 def outcomes(rows: Sequence[asyncpg.Record], counted: bool) -> str:
-    """Every row processed, as FINISH_ATTEMPTS reads outcomes. `counted`: the claim already
-    added this attempt to `attempts` (the leased claim returns the count made before it)."""
-    now = datetime.now(UTC).isoformat()
-    attempt = [r["attempts"] + 1 for r in rows]
-    return orjson.dumps(
-        [
-            {
-                "id": r["id"],
-                "status": "processed",
-                "attempt": n,
-                "expected": n if counted else n - 1,
-                "delay": None,
-                "last_error": None,
-                "unfinished": False,
-                "started_at": now,
-                "finished_at": now,
-                "outcome": "processed",
-                "error_type": None,
-                "error": None,
-                "traceback": None,
-                "duration_ms": 0.1,
-            }
-            for r, n in zip(rows, attempt, strict=True)
-        ]
-    ).decode()
+    """Every row processed, as the worker records it (`outcomes_document`). `counted`: the
+    claim already added this attempt to `attempts` (leased: the claim returns the count made
+    before it)."""
+    now = datetime.now(UTC)
+    results = [
+        AttemptResult(r["id"], r["attempts"] + 1, Status.PROCESSED, "processed", now, now)
+        for r in rows
+    ]
+    return outcomes_document(results, leased=counted)
 
 
 async def drain_leased(conn: asyncpg.Connection, _: asyncpg.Connection, batch: int) -> int:

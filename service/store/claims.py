@@ -281,10 +281,16 @@ HOLD_CLAIMED = text(
 )
 
 
-async def hold_claimed(conn: AsyncConnection, rows: Sequence[MessageRow]) -> set[int]:
-    """Lock `rows` for this transaction; the ids still owned by their claimed attempt."""
+async def hold_claimed(
+    conn: AsyncConnection, rows: Sequence[MessageRow], *, leased: bool = True
+) -> set[int]:
+    """Lock `rows` for this transaction; the ids still owned by their claimed attempt.
+
+    `leased`: claimed by `claim_due` (HOLD_CLAIMED); otherwise by `lock_due` and
+    `record_claims`, a batch that runs again (HOLD_LOCKED).
+    """
     params = {"ids": [r.id for r in rows], "attempts": [r.attempts + 1 for r in rows]}
-    return {r.id for r in await conn.execute(HOLD_CLAIMED, params)}
+    return {r.id for r in await conn.execute(HOLD_CLAIMED if leased else HOLD_LOCKED, params)}
 
 
 # The claim of a batch of Python handlers (0008): inside the batch's own transaction, lock the
@@ -380,26 +386,21 @@ SHOWN_ATTEMPTS = f"CASE WHEN {_CLAIMED} THEN attempts + 1 ELSE attempts END"
 
 
 # A locked batch's rerun (after its optimistic run rolled back): lock again the rows whose
-# claim is still this attempt's. A row whose claim expired and was taken over is left out.
+# claim is still this attempt's (`attempts`: the attempt's number, as for HOLD_CLAIMED). A row
+# whose claim expired and was taken over is left out.
 HOLD_LOCKED = text(
     f"""
     SELECT m.id
       FROM inbox_messages AS m
       JOIN unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
         ON m.id = c.id
-      JOIN inbox_claims AS k ON k.message_id = m.id AND k.attempt = c.attempts + 1
+      JOIN inbox_claims AS k ON k.message_id = m.id AND k.attempt = c.attempts
      WHERE {BY_ID_STATUS} IN ('pending', 'retrying')
-       AND m.attempts = c.attempts
+       AND m.attempts = c.attempts - 1
      ORDER BY m.id
        FOR UPDATE OF m
     """  # noqa: S608 - a fixed expression, no input
 )
-
-
-async def hold_locked(conn: AsyncConnection, rows: Sequence[MessageRow]) -> set[int]:
-    """Lock `rows` (claimed by `lock_due`) again; the ids still claimed by this attempt."""
-    params = {"ids": [r.id for r in rows], "attempts": [r.attempts for r in rows]}
-    return {r.id for r in await conn.execute(HOLD_LOCKED, params)}
 
 
 # The worker's cheap look, every poll: is a message that must run alone due? (The alone
@@ -470,9 +471,10 @@ UNLEASED = [status.value for status in DUE]
 LEASED = [Status.PROCESSING.value]
 
 
-def _outcomes(results: Sequence[AttemptResult], leased: bool) -> str:
+def outcomes_document(results: Sequence[AttemptResult], leased: bool) -> str:
     """`results` as FINISH_ATTEMPTS reads them. `leased`: their attempts were counted when the
-    rows were claimed; otherwise (rows inserted by this transaction) each counts now."""
+    rows were claimed; otherwise (rows inserted by this transaction, or locked by `lock_due`)
+    each counts now."""
     return orjson.dumps([_outcome(r, leased) for r in results]).decode()
 
 
@@ -502,7 +504,7 @@ async def _finish(
     if not results:
         return set()
     rows = await driver.fetch(
-        FINISH_ATTEMPTS, _outcomes(results, leased), LEASED if leased else UNLEASED, actor
+        FINISH_ATTEMPTS, outcomes_document(results, leased), LEASED if leased else UNLEASED, actor
     )
     return {row[0] for row in rows}
 
@@ -518,8 +520,9 @@ async def finish_attempts(
     out). The transaction must have begun on the server (a statement ran in it already): the
     statement goes to the driver connection, which SQLAlchemy has not told of a lazy BEGIN.
 
-    `leased`: the attempts were counted when the rows were claimed (the worker); otherwise
-    the rows were inserted by this transaction (sync mode) and the attempt counts now.
+    `leased`: the attempts were counted on the rows when they were claimed (`claim_due`);
+    otherwise the rows were inserted by this transaction (sync mode) or locked by it
+    (`lock_due`, their attempts counted as claims), and the attempt counts now.
     """
     driver = await _driver(conn)
     if not driver.is_in_transaction():

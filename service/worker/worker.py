@@ -35,7 +35,6 @@ from service.store.claims import (
     expired_leases,
     finish_attempts,
     hold_claimed,
-    hold_locked,
     lock_due,
     record_claims,
     record_results,
@@ -354,8 +353,6 @@ class Worker:
             raise
 
     async def _run_optimistically(self, claimed: _Claimed) -> int:
-        if claimed.leased and self._isolating(claimed.rows):
-            return await self._run_batch(claimed, isolated=True)
         try:
             try:
                 found = await self._run_batch(claimed, isolated=None, defer_flush=True)
@@ -385,10 +382,8 @@ class Worker:
         """Lock the batch's rows in `conn`'s transaction: the ids still owned by this attempt,
         and the messages whose last attempt never finished (found only by the first
         transaction of a locked batch, which claims here; see `_abandon`)."""
-        if claimed.leased:
-            return await hold_claimed(conn, claimed.rows), []
-        if claimed.locked:
-            return await hold_locked(conn, claimed.rows), []
+        if claimed.leased or claimed.locked:
+            return await hold_claimed(conn, claimed.rows, leased=claimed.leased), []
         claimed.locked = True
         batch = await lock_due(conn, list(self._locking), self.options.batch_size)
         await record_claims(self.engine, batch.rows, self._locking, self.actor)

@@ -12,7 +12,7 @@ from service.core.db import create_engine
 from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import parse_inbox_config
-from service.store.claims import claim_due, hold_claimed, hold_locked, lock_due, record_claims
+from service.store.claims import claim_due, hold_claimed, lock_due, record_claims
 from service.worker.worker import Worker, WorkerOptions
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
@@ -183,13 +183,13 @@ async def test_a_live_claim_is_passed_over_and_a_late_rerun_is_fenced_off(
         assert await worker.run_batch() == 0
         # The rerun locks it again by its claim.
         async with engine.begin() as conn:
-            assert await hold_locked(conn, [mine]) == {mine.id}
+            assert await hold_claimed(conn, [mine], leased=False) == {mine.id}
         # Once the claim has expired, the next claim records the attempt as abandoned, and a
         # rerun that comes even later may not lock (and so may not run or commit) the row.
         await db.execute("UPDATE inbox_claims SET locked_until = now() - interval '1 second'")
         assert await worker.run_batch() == 1
         async with engine.begin() as conn:
-            assert await hold_locked(conn, [mine]) == set()
+            assert await hold_claimed(conn, [mine], leased=False) == set()
     finally:
         await engine.dispose()
     row = await db.fetchrow("SELECT status, attempts, run_alone FROM inbox_messages")
