@@ -50,9 +50,9 @@ async def run_worker(
     options = WorkerOptions.from_settings(settings)
     # Its own pool, so that HTTP ingest in the same process never waits behind batches. Two
     # connections a claim loop: a batch's transaction commits its claims on a second one while
-    # it holds the first, so with fewer, loops holding one each could wait for each other
-    # until the pool's timeout. One more for the poller. No pre-ping: it costs a round trip
-    # per batch, and a batch on a dead connection is retried.
+    # it holds the first, and with fewer a loop would wait for that second one, holding its
+    # transaction (and its rows' locks) open meanwhile. One more for the poller. No pre-ping:
+    # it costs a round trip per batch, and a batch on a dead connection is retried.
     engine = create_engine(
         url, settings, pool_size=2 * options.concurrency + 1, pool_pre_ping=False
     )

@@ -164,6 +164,29 @@ async def test_discard_refuses_processed_processing_and_unknown(
     assert await status_of(db, dead) == "discarded"
 
 
+async def test_a_message_claimed_by_a_batch_between_its_runs_is_refused_as_processing(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # A batch whose optimistic run rolled back holds no lock until its rerun, but its claim
+    # stands: the message is in flight, and the admin treats it as `processing`.
+    claimed = await seed(db, "m-claimed", status="retrying", attempts=1)
+    await db.execute(
+        "INSERT INTO inbox_claims (message_id, attempt, locked_until) "
+        "VALUES ($1, 2, now() + interval '30 seconds')",
+        claimed,
+    )
+    async with admin_client(client_for) as client:
+        discard = await client.post(f"/admin/messages/{claimed}/discard", headers=AUTH)
+        retry = await client.post(f"/admin/messages/{claimed}/retry", headers=AUTH)
+    assert (discard.status_code, discard.json()["status"]) == (409, 409)
+    assert "processing" in discard.json()["detail"]
+    assert retry.status_code == 409
+    assert "processing" in retry.json()["detail"]
+    row = await db.fetchrow("SELECT status, attempts FROM inbox_messages")
+    assert (row["status"], row["attempts"]) == ("retrying", 1)
+    assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
+
+
 async def test_bulk_retry_dry_run_then_for_real(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
