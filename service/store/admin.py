@@ -7,11 +7,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.schema import Status
-from service.store.claims import SHOWN_ATTEMPTS, SHOWN_STATUS
+from service.store.claims import CLAIMED_IDS, SHOWN_ATTEMPTS, SHOWN_STATUS
 from service.store.errors import translate_errors
 from service.store.notifications import NOTIFY
 
@@ -102,21 +102,22 @@ class MessageFilter:
             clauses.append("source = :source")
             params["source"] = self.source
         if self.statuses:
-            # The rows' own statuses, through the index; a message claimed by a batch of
-            # Python handlers is `processing` though its row says `pending` or `retrying`, so
-            # those are read too when `processing` is asked, and the shown status decides.
-            stored = list(self.statuses)
-            if Status.PROCESSING in stored:
-                stored += [s for s in (Status.PENDING, Status.RETRYING) if s not in stored]
-            clauses.append("status = ANY(:statuses)")
-            params["statuses"] = stored
-            if Status.PROCESSED not in stored:
+            # The rows' own statuses, through the status index. A message claimed by a batch of
+            # Python handlers is `processing` though its row still says `pending` or
+            # `retrying`: when `processing` is asked, those rows are found by id through their
+            # claims (a few hundred at most) rather than among every pending row, and for any
+            # stored status such a message may have, the shown status decides.
+            params["statuses"] = list(self.statuses)
+            stored = "status = ANY(:statuses)"
+            if Status.PROCESSING in self.statuses:
+                stored = f"({stored} OR id = ANY(ARRAY({CLAIMED_IDS})))"
+            clauses.append(stored)
+            if Status.PROCESSED not in self.statuses:
                 # Implied already; written out so that a generic plan, which cannot look into
                 # :statuses, still matches the partial status index's predicate (0003).
                 clauses.append(f"status <> '{Status.PROCESSED.value}'")
-            if set(stored) & IN_FLIGHT_STORED:
-                clauses.append(f"({SHOWN_STATUS}) = ANY(:shown_statuses)")
-                params["shown_statuses"] = list(self.statuses)
+            if Status.PROCESSING in self.statuses or set(self.statuses) & IN_FLIGHT_STORED:
+                clauses.append(f"({SHOWN_STATUS}) = ANY(:statuses)")
         if self.event_type is not None:
             like = glob_like(self.event_type)
             if like is None:  # no wildcard: equality, which the event_type index serves
@@ -145,14 +146,10 @@ def _where_sql(clauses: Sequence[str]) -> str:
     return " AND ".join(clauses) if clauses else "TRUE"
 
 
-async def list_messages(
-    engine: AsyncEngine, filters: MessageFilter, limit: int, after: Position | None
-) -> tuple[list[dict[str, Any]], Position | None]:
-    """One page, newest first, and the position to continue after (None on the last page).
-
-    Keyset paging on `(received_at, id)`: a page starts strictly after the previous page's
-    last row, so rows arriving meanwhile (always newer) never shift or repeat later pages.
-    """
+def listing_query(
+    filters: MessageFilter, limit: int, after: Position | None
+) -> tuple[TextClause, dict[str, Any]]:
+    """The statement of `list_messages` for one page, and its parameters."""
     clauses, params = filters.where()
     if after is not None:
         clauses.append("(received_at, id) < (:after_received_at, :after_id)")
@@ -162,6 +159,18 @@ async def list_messages(
         f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {_where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
         "ORDER BY received_at DESC, id DESC LIMIT :limit"
     )
+    return query, params
+
+
+async def list_messages(
+    engine: AsyncEngine, filters: MessageFilter, limit: int, after: Position | None
+) -> tuple[list[dict[str, Any]], Position | None]:
+    """One page, newest first, and the position to continue after (None on the last page).
+
+    Keyset paging on `(received_at, id)`: a page starts strictly after the previous page's
+    last row, so rows arriving meanwhile (always newer) never shift or repeat later pages.
+    """
+    query, params = listing_query(filters, limit, after)
     async with translate_errors(), engine.connect() as conn:
         rows = [dict(r._mapping) for r in await conn.execute(query, params)]
     if len(rows) <= limit:
@@ -320,10 +329,10 @@ async def bulk_retry(
     result = BulkRetryResult()
     if not statuses:
         return result
-    clauses, params = filters.where()
-    clauses = [c for c in clauses if not c.startswith("status")]
-    clauses.append("status = ANY(:statuses)")
-    params["statuses"] = statuses
+    # The filter's other conditions, with the statuses a retry may leave: a message claimed by
+    # a batch in flight shows as `processing` (SHOWN_STATUS) and is left alone, as
+    # `retry_message` refuses it.
+    clauses, params = replace(filters, statuses=tuple(statuses)).where()
     where = _where_sql(clauses)
     async with translate_errors():
         async with engine.connect() as conn:

@@ -382,6 +382,8 @@ _CLAIMED = (
     "(SELECT c.message_id, c.attempt FROM inbox_claims AS c)"
 )
 SHOWN_STATUS = f"CASE WHEN {_CLAIMED} THEN 'processing' ELSE status END"
+# The ids of the claimed messages, for a listing of `processing` ones: through the primary key.
+CLAIMED_IDS = "SELECT c.message_id FROM inbox_claims AS c"
 SHOWN_ATTEMPTS = f"CASE WHEN {_CLAIMED} THEN attempts + 1 ELSE attempts END"
 
 

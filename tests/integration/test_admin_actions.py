@@ -187,6 +187,28 @@ async def test_a_message_claimed_by_a_batch_between_its_runs_is_refused_as_proce
     assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
 
 
+async def test_a_bulk_retry_leaves_a_message_claimed_by_a_batch_between_its_runs(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # As a retry of the one message is refused, a bulk retry of the failed ones passes over a
+    # `retrying` message whose batch is in flight, and retries the others.
+    claimed = await seed(db, "m-claimed", status="retrying", attempts=1)
+    failed = await seed(db, "m-failed", status="retrying", attempts=1)
+    await db.execute(
+        "INSERT INTO inbox_claims (message_id, attempt, locked_until) "
+        "VALUES ($1, 2, now() + interval '30 seconds')",
+        claimed,
+    )
+    async with admin_client(client_for) as client:
+        dry = await client.post("/admin/messages/retry", json={"dry_run": True}, headers=AUTH)
+        real = await client.post("/admin/messages/retry", json={}, headers=AUTH)
+    assert dry.json() == {"matched": 1, "retried": 0}
+    assert real.json() == {"matched": 1, "retried": 1}
+    assert await status_of(db, claimed) == "retrying"
+    assert await history(db, claimed) == []
+    assert await status_of(db, failed) == "pending"
+
+
 async def test_bulk_retry_dry_run_then_for_real(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.core.db import create_engine
 from service.core.settings import Settings
 from service.core.status import Status
+from service.store.admin import MessageFilter, list_messages
 from service.store.claims import (
     ALONE_DUE,
     BY_ID_STATUS,
@@ -343,3 +344,37 @@ async def test_a_batch_finds_its_rows_by_id_not_among_earlier_claims(
         await db.fetchval("SELECT count(*) FROM inbox_messages WHERE status = 'processed'")
         == BACKLOG + 100
     )
+
+
+async def rows_read(db: asyncpg.Connection, engine: AsyncEngine) -> int:
+    """How many rows of inbox_messages every scan so far has returned (sequential scans
+    and index fetches), counting what `engine`'s connection and `db` read until now."""
+    await index_entries_read(db, engine)  # makes both report their statistics first
+    return int(
+        await db.fetchval(
+            "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables "
+            "WHERE relname = 'inbox_messages'"
+        )
+    )
+
+
+@pytest.mark.parametrize("statuses", [("processing",), ("processing", "dead")])
+async def test_a_listing_of_processing_messages_reads_the_claims_not_the_backlog(
+    stale: asyncpg.Connection, engine: AsyncEngine, statuses: tuple[str, ...]
+) -> None:
+    # The two oldest messages of the burst's 20,000 pending ones are claimed by a batch of
+    # Python handlers; b1-b3 are leased. A listing of `processing` ones, newest first, must
+    # not read the whole backlog to find the claimed ones at its far end. The statistics know
+    # the backlog, as autovacuum's analyze has them soon after a burst.
+    await stale.execute(
+        "INSERT INTO inbox_claims (message_id, attempt, locked_until) "
+        "SELECT id, 1, now() + interval '30 seconds' FROM inbox_messages "
+        "WHERE message_id IN ('b4', 'b5')"
+    )
+    await stale.execute("ANALYZE inbox_messages")
+    before = await rows_read(stale, engine)
+    rows, _ = await list_messages(engine, MessageFilter(statuses=statuses), 50, None)
+    read = await rows_read(stale, engine) - before
+    assert sorted(r["message_id"] for r in rows) == ["b1", "b2", "b3", "b4", "b5"]
+    assert {r["status"] for r in rows} == {"processing"}
+    assert read < 1_000, read
