@@ -164,17 +164,24 @@ async def test_discard_refuses_processed_processing_and_unknown(
     assert await status_of(db, dead) == "discarded"
 
 
-async def test_a_message_claimed_by_a_batch_between_its_runs_is_refused_as_processing(
-    client_for: AppFactory, db: asyncpg.Connection
-) -> None:
-    # A batch whose optimistic run rolled back holds no lock until its rerun, but its claim
-    # stands: the message is in flight, and the admin treats it as `processing`.
+async def claimed_between_runs(db: asyncpg.Connection) -> int:
+    """A `retrying` message whose second attempt a batch has claimed (inbox_claims) and not
+    yet finished: its row is unlocked between the batch's optimistic run and its rerun."""
     claimed = await seed(db, "m-claimed", status="retrying", attempts=1)
     await db.execute(
         "INSERT INTO inbox_claims (message_id, attempt, locked_until) "
         "VALUES ($1, 2, now() + interval '30 seconds')",
         claimed,
     )
+    return claimed
+
+
+async def test_a_message_claimed_by_a_batch_between_its_runs_is_refused_as_processing(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # A batch whose optimistic run rolled back holds no lock until its rerun, but its claim
+    # stands: the message is in flight, and the admin treats it as `processing`.
+    claimed = await claimed_between_runs(db)
     async with admin_client(client_for) as client:
         discard = await client.post(f"/admin/messages/{claimed}/discard", headers=AUTH)
         retry = await client.post(f"/admin/messages/{claimed}/retry", headers=AUTH)
@@ -192,13 +199,8 @@ async def test_a_bulk_retry_leaves_a_message_claimed_by_a_batch_between_its_runs
 ) -> None:
     # As a retry of the one message is refused, a bulk retry of the failed ones passes over a
     # `retrying` message whose batch is in flight, and retries the others.
-    claimed = await seed(db, "m-claimed", status="retrying", attempts=1)
+    claimed = await claimed_between_runs(db)
     failed = await seed(db, "m-failed", status="retrying", attempts=1)
-    await db.execute(
-        "INSERT INTO inbox_claims (message_id, attempt, locked_until) "
-        "VALUES ($1, 2, now() + interval '30 seconds')",
-        claimed,
-    )
     async with admin_client(client_for) as client:
         dry = await client.post("/admin/messages/retry", json={"dry_run": True}, headers=AUTH)
         real = await client.post("/admin/messages/retry", json={}, headers=AUTH)
