@@ -197,3 +197,42 @@ async def test_a_live_claim_is_passed_over_and_a_late_rerun_is_fenced_off(
     assert [a["outcome"] for a in await attempts_of(db, "m1")] == ["abandoned"]
     assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
     assert await db.fetchval("SELECT count(*) FROM effects") == 0
+
+
+async def test_a_batch_whose_claims_cannot_be_committed_runs_nothing_and_claims_again(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    # The batch has locked its rows when the second connection fails to commit their claims
+    # (here a trigger refuses them, as a full disk or a lost connection would): no handler may
+    # run on an attempt that was not counted, and the rows go back as they were.
+    await create_effects(db)
+    await insert_messages(db, "m1", "m2")
+    await db.execute(
+        """
+        CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'claims refused'; END $$;
+        CREATE TRIGGER refuse_claims BEFORE INSERT ON inbox_claims
+            FOR EACH STATEMENT EXECUTE FUNCTION refuse_claims();
+        """
+    )
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    pipelines = resolve_pipelines(parse_inbox_config(config("tests.handlers:record")))
+    worker = Worker(engine, database_url, pipelines, WorkerOptions())
+    try:
+        with pytest.raises(Exception, match="claims refused"):
+            await worker.run_batch()
+        assert await db.fetchval("SELECT count(*) FROM effects") == 0
+        assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
+        assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
+        rows = await db.fetch("SELECT status, attempts FROM inbox_messages")
+        assert {(r["status"], r["attempts"]) for r in rows} == {("pending", 0)}
+        # Nothing is left locked: once the claims can be committed, the next claim runs both.
+        await db.execute("DROP TRIGGER refuse_claims ON inbox_claims")
+        assert await worker.run_batch() == 2
+    finally:
+        await engine.dispose()
+    assert await db.fetchval("SELECT count(*) FROM effects") == 2
+    for name in ("m1", "m2"):
+        assert [a["outcome"] for a in await attempts_of(db, name)] == ["processed"]
+        assert await status_of(db, name) == "processed"
+    assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
