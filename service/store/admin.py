@@ -8,11 +8,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import TextClause, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.schema import Status
 from service.store.claims import CLAIMED_IDS, SHOWN_ATTEMPTS, SHOWN_STATUS
-from service.store.errors import translate_errors
+from service.store.errors import is_lock_timeout, translate_errors
 from service.store.notifications import NOTIFY
 
 
@@ -243,8 +244,28 @@ RECORD_ACTION = text(
 )
 
 
+# How long an admin action waits for its message's row lock. Ingest's count of a redelivery
+# holds it for milliseconds; a batch of handlers holds it until the batch commits, which may
+# take as long as its handlers do, and the message is in flight meanwhile: the action is then
+# refused as it is for a `processing` message, rather than hanging on the batch. The wait is
+# bounded only for that lock (the commit's own, NOTIFY's, keep the server's setting).
+LOCK_WAIT = text("SET LOCAL lock_timeout = '2s'")
+LOCK_WAIT_ENDED = text("SET LOCAL lock_timeout TO DEFAULT")
+
+
 async def _lock(conn: AsyncConnection, message_id: int) -> tuple[str, int, str]:
-    row = (await conn.execute(LOCK_MESSAGE, {"id": message_id})).one_or_none()
+    await conn.execute(LOCK_WAIT)
+    try:
+        row = (await conn.execute(LOCK_MESSAGE, {"id": message_id})).one_or_none()
+    except DBAPIError as exc:
+        if not is_lock_timeout(exc):
+            raise
+        raise InvalidTransition(
+            Status.PROCESSING,
+            f"message {message_id} is processing: a batch of its handlers holds it; "
+            "try again once that attempt has ended",
+        ) from exc
+    await conn.execute(LOCK_WAIT_ENDED)
     if row is None:
         raise MessageNotFound(message_id)
     return str(row.status), int(row.attempts), str(row.source)

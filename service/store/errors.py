@@ -111,6 +111,11 @@ def login_refusal(exc: BaseException) -> str | None:
     return None if error is None else str(error).splitlines()[0][:200]
 
 
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether `exc` is the server's "could not obtain lock" (`lock_timeout` ran out)."""
+    return _underlying(exc, asyncpg.exceptions.LockNotAvailableError) is not None
+
+
 def is_missing_table(exc: BaseException) -> bool:
     """Whether `exc` is the server's "relation does not exist": a database no migration has
     run on (or, for a table of the inbox's, one migrated by an unrelated project)."""

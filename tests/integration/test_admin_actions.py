@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
 from service.api.security import token_fingerprint
-from service.core.db import create_engine
+from service.core.db import asyncpg_dsn, create_engine
 from service.core.settings import Settings
 from service.store.admin import MessageFilter, bulk_retry
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, status_of
@@ -192,6 +193,39 @@ async def test_a_message_claimed_by_a_batch_between_its_runs_is_refused_as_proce
     row = await db.fetchrow("SELECT status, attempts FROM inbox_messages")
     assert (row["status"], row["attempts"]) == ("retrying", 1)
     assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
+
+
+async def test_an_action_on_a_message_a_batch_holds_is_refused_without_waiting_for_it(
+    client_for: AppFactory, db: asyncpg.Connection, database_url: str
+) -> None:
+    # A batch of handlers holds its messages' rows locked until it commits, which may take as
+    # long as its handlers do: an admin action waits a moment for the lock, then is refused
+    # as for a message in flight, instead of hanging on the batch.
+    held = await seed(db, "m-held", status="retrying", attempts=1)
+    batch = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await batch.execute("BEGIN")
+        await batch.execute("SELECT 1 FROM inbox_messages WHERE id = $1 FOR UPDATE", held)
+        async with admin_client(client_for) as client:
+            discard, retry = await asyncio.wait_for(
+                asyncio.gather(
+                    client.post(f"/admin/messages/{held}/discard", headers=AUTH),
+                    client.post(f"/admin/messages/{held}/retry", headers=AUTH),
+                ),
+                15,
+            )
+            for refused in (discard, retry):
+                assert refused.status_code == 409, refused.text
+                assert "processing" in refused.json()["detail"]
+            assert await status_of(db, held) == "retrying"
+            await batch.execute("ROLLBACK")
+            # Once the batch has ended, the same action goes through.
+            done = await client.post(f"/admin/messages/{held}/discard", headers=AUTH)
+        assert done.status_code == 200, done.text
+    finally:
+        await batch.close()
+    assert await status_of(db, held) == "discarded"
+    assert await history(db, held) == [("admin_discard", 1, FINGERPRINT)]
 
 
 async def test_a_bulk_retry_leaves_a_message_claimed_by_a_batch_between_its_runs(
