@@ -174,3 +174,46 @@ async def test_a_migration_waits_for_another_longer_than_a_statement_may_take(
     finally:
         await holder.close()
         await drop_database(pg_server, name)
+
+
+async def test_a_migration_waiting_for_a_busy_table_lets_ingest_through_then_completes(
+    pg_server: str,
+) -> None:
+    # A transaction of the running release uses inbox_messages (a batch of handlers holds its
+    # rows) while 0008 must lock the table to add its triggers. Waiting for it, the migration
+    # would hold up every delivery queued behind it; it gives up its place instead, and tries
+    # again until the table is free.
+    settings = Settings(database_url="x")
+    name = await create_database(pg_server)
+    url = with_database(pg_server, name)
+    engine = create_engine(url, settings)
+    batch = await asyncpg.connect(asyncpg_dsn(url))
+    ingest = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await upgrade(engine, "0007")
+        transaction = batch.transaction()
+        await transaction.start()
+        await batch.execute("LOCK TABLE inbox_messages IN ROW EXCLUSIVE MODE")
+        migrating = asyncio.create_task(migrate(url, settings))
+        waiting = (
+            "SELECT count(*) FROM pg_locks WHERE relation = 'inbox_messages'::regclass "
+            "AND NOT granted"
+        )
+        await wait_until(batch, waiting, 1)
+        # A delivery arriving now is stored within the migration's bounded wait.
+        await asyncio.wait_for(
+            ingest.execute(
+                "INSERT INTO inbox_messages (source, message_id, body) VALUES ('a', 'm1', '')"
+            ),
+            10,
+        )
+        assert not migrating.done()
+        await transaction.commit()
+        await asyncio.wait_for(migrating, 60)
+        assert await current_revision(engine) == head_revision()
+        assert await ingest.fetchval("SELECT count(*) FROM inbox_messages") == 1
+    finally:
+        await batch.close()
+        await ingest.close()
+        await engine.dispose()
+        await drop_database(pg_server, name)
