@@ -25,7 +25,7 @@ def run_migrations(connection: Connection) -> None:
         # run the same migration at once, and all but one fail on what the first created.
         # The lock is the transaction's; whoever waited for it then finds the schema at head.
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-        # Under `webhook-inbox migrate` (service.core.migrations.upgrade), the waits for the
+        # Under `webhook-inbox migrate` and `serve` (service.serve.migrate), the waits for the
         # tables' locks are bounded, and a try cut short is made again: see TABLE_LOCK_WAIT.
         wait = config.attributes.get("table_lock_wait")
         if wait is not None:

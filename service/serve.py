@@ -35,7 +35,7 @@ from service.core.metrics import MULTIPROCESS_ENV
 from service.core.migrations import upgrade
 from service.core.settings import Settings
 from service.sources.config_file import InboxConfig
-from service.store.errors import translate_errors
+from service.store.errors import is_lock_timeout, translate_errors
 from service.supervisor import Role, Supervisor, can_fork, fork
 
 log = logging.getLogger("service.serve")
@@ -90,16 +90,42 @@ def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
     return "\n".join(lines)
 
 
+# A migration's wait for a lock on a table is cut at this (alembic/env.py sets lock_timeout
+# once it holds the migration lock), and `migrate` tries again after RETRY_PAUSE_SECONDS.
+# While a DDL statement waits behind a transaction that uses its table (a batch of handlers,
+# a long admin query), every later statement on that table queues behind it: ingest would
+# stand still for as long. Cut short and tried again, it stalls ingest for at most this long
+# each time. Each try rolls back whole: PostgreSQL's DDL is transactional.
+TABLE_LOCK_WAIT = "2s"
+RETRY_PAUSE_SECONDS = 3.0
+
+
 async def migrate(url: str, settings: Settings) -> None:
     """Apply the migrations; a database that cannot be reached raises `StoreUnavailable`.
 
     No statement of theirs is cut short: building an index over a large inbox takes as long
-    as it takes, and a start that gave up on it half-way would fail every time.
+    as it takes, and a start that gave up on it half-way would fail every time. Only a wait
+    for a busy table's lock is (TABLE_LOCK_WAIT), and then the migrations are tried again,
+    for as long as it takes.
     """
     engine = create_engine(url, settings, bounded_statements=False)
     try:
-        async with translate_errors():
-            await upgrade(engine)
+        tries = 0
+        while True:
+            try:
+                async with translate_errors():
+                    await upgrade(engine, table_lock_wait=TABLE_LOCK_WAIT)
+                return
+            except Exception as exc:
+                if not is_lock_timeout(exc):
+                    raise
+            tries += 1
+            log.warning(
+                "migration waited %s for a table another transaction holds; trying again",
+                TABLE_LOCK_WAIT,
+                extra={"tries": tries, "pause_seconds": RETRY_PAUSE_SECONDS},
+            )
+            await asyncio.sleep(RETRY_PAUSE_SECONDS)
     finally:
         await engine.dispose()
 

@@ -6,22 +6,16 @@ HTTP process that never runs a migration would load at every start (0.25 s of CP
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store.errors import is_lock_timeout
-
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
-
-log = logging.getLogger("service.migrations")
 
 ROOT = Path(__file__).resolve().parents[2]
 # The advisory lock every migration holds (alembic/env.py): a fixed key of our own.
@@ -79,45 +73,24 @@ def refuse_unknown_revisions(migration: MigrationContext, script: ScriptDirector
         raise SchemaAhead(min(unknown), script.get_current_head())
 
 
-# A migration's wait for a lock on a table is cut at this (alembic/env.py sets lock_timeout
-# once it holds MIGRATION_LOCK), and `upgrade` tries again after RETRY_PAUSE_SECONDS. While a
-# DDL statement waits behind a transaction that uses its table (a batch of handlers, a long
-# admin query), every statement of the inbox's that comes after it queues behind it: ingest
-# would stand still for as long. Cut short and tried again, it stalls ingest for at most this
-# long each time. Each try rolls back whole: PostgreSQL's DDL is transactional.
-TABLE_LOCK_WAIT = "2s"
-RETRY_PAUSE_SECONDS = 3.0
-
-
-async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+async def upgrade(
+    engine: AsyncEngine, revision: str = "head", *, table_lock_wait: str | None = None
+) -> None:
     """Apply migrations up to `revision` over a connection of `engine`; `SchemaAhead` when
-    the database is already past what this release knows. A try that waited too long for a
-    table's lock (TABLE_LOCK_WAIT) is tried again, for as long as it takes."""
+    the database is already past what this release knows. With `table_lock_wait` (a duration
+    as `lock_timeout` takes it), each wait for a table's lock fails after that long, and the
+    whole upgrade rolls back (see `service.serve.migrate`)."""
 
     def run(connection: Connection) -> None:
         from alembic import command
 
         config = alembic_config()
         config.attributes["connection"] = connection
-        config.attributes["table_lock_wait"] = TABLE_LOCK_WAIT
+        config.attributes["table_lock_wait"] = table_lock_wait
         command.upgrade(config, revision)
 
-    tries = 0
-    while True:
-        try:
-            async with engine.begin() as conn:
-                await conn.run_sync(run)
-            return
-        except Exception as exc:
-            if not is_lock_timeout(exc):
-                raise
-        tries += 1
-        log.warning(
-            "migration waited %s for a table another transaction holds; trying again",
-            TABLE_LOCK_WAIT,
-            extra={"tries": tries, "pause_seconds": RETRY_PAUSE_SECONDS},
-        )
-        await asyncio.sleep(RETRY_PAUSE_SECONDS)
+    async with engine.begin() as conn:
+        await conn.run_sync(run)
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -147,10 +147,14 @@ def _where_sql(clauses: Sequence[str]) -> str:
     return " AND ".join(clauses) if clauses else "TRUE"
 
 
-def listing_query(
-    filters: MessageFilter, limit: int, after: Position | None
-) -> tuple[TextClause, dict[str, Any]]:
-    """The statement of `list_messages` for one page, and its parameters."""
+async def list_messages(
+    engine: AsyncEngine, filters: MessageFilter, limit: int, after: Position | None
+) -> tuple[list[dict[str, Any]], Position | None]:
+    """One page, newest first, and the position to continue after (None on the last page).
+
+    Keyset paging on `(received_at, id)`: a page starts strictly after the previous page's
+    last row, so rows arriving meanwhile (always newer) never shift or repeat later pages.
+    """
     clauses, params = filters.where()
     if after is not None:
         clauses.append("(received_at, id) < (:after_received_at, :after_id)")
@@ -160,18 +164,6 @@ def listing_query(
         f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {_where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
         "ORDER BY received_at DESC, id DESC LIMIT :limit"
     )
-    return query, params
-
-
-async def list_messages(
-    engine: AsyncEngine, filters: MessageFilter, limit: int, after: Position | None
-) -> tuple[list[dict[str, Any]], Position | None]:
-    """One page, newest first, and the position to continue after (None on the last page).
-
-    Keyset paging on `(received_at, id)`: a page starts strictly after the previous page's
-    last row, so rows arriving meanwhile (always newer) never shift or repeat later pages.
-    """
-    query, params = listing_query(filters, limit, after)
     async with translate_errors(), engine.connect() as conn:
         rows = [dict(r._mapping) for r in await conn.execute(query, params)]
     if len(rows) <= limit:
