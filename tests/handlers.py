@@ -49,30 +49,14 @@ RECORD_SETTINGS = text(
 
 async def record_settings(message: InboxMessage, ctx: HandlerContext) -> None:
     """An effect holding the planner and timeout settings the handler's statements run with."""
-    await ctx.session.execute(
-        RECORD_SETTINGS,
-        {
-            "inbox_id": message.id,
-            "source": message.source,
-            "message_id": message.message_id,
-            "attempt": message.attempt,
-        },
-    )
+    await ctx.session.execute(RECORD_SETTINGS, effect_fields(message))
 
 
 async def record(message: InboxMessage, ctx: HandlerContext) -> None:
     import json
 
-    await ctx.session.execute(
-        INSERT_EFFECT,
-        {
-            "inbox_id": message.id,
-            "source": message.source,
-            "message_id": message.message_id,
-            "attempt": message.attempt,
-            "payload": None if message.payload is None else json.dumps(message.payload),
-        },
-    )
+    payload = None if message.payload is None else json.dumps(message.payload)
+    await ctx.session.execute(INSERT_EFFECT, {**effect_fields(message), "payload": payload})
 
 
 async def fail_twice(message: InboxMessage, ctx: HandlerContext) -> None:
@@ -237,7 +221,8 @@ async def record_collector(message: InboxMessage, ctx: HandlerContext) -> None:
 
 
 def effect_fields(message: InboxMessage) -> dict[str, Any]:
-    """The columns of a message's `effects` row, for the handlers that stage one with `add`."""
+    """The columns of a message's `effects` row but its payload, for the handlers that write
+    one."""
     return {
         "inbox_id": message.id,
         "source": message.source,
