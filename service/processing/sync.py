@@ -68,5 +68,4 @@ async def run_in_transaction(
                 retry_after = exc.after_seconds if isinstance(exc, RetryLater) else None
                 raise HandlerFailed(row.source, row.message_id, retry_after) from exc
             results.append(result)
-        await savepoints.flush()
-    await finish_attempts(conn, results, SYNC_ACTOR)
+        await finish_attempts(conn, results, SYNC_ACTOR, savepoints=savepoints)

@@ -263,6 +263,25 @@ def message_row(r: asyncpg.Record) -> MessageRow:
 # 150,000; by id, 2.0-2.2 ms throughout.
 BY_ID_STATUS = "(m.status || '')"
 
+# The statements on a batch's rows find each by id, on the primary key (a nested loop over the
+# batch), whatever size the planner believes the table to be. Left to its statistics, a plan
+# made while the table was small (a fresh inbox, after a TRUNCATE, before autovacuum first
+# analyzes it) reads the whole table and hash-joins the batch's rows instead, and a prepared
+# statement keeps its generic plan until the next ANALYZE, however much the table grows
+# meanwhile: at 2,500 deliveries/s for 15 s into an empty inbox, the finishes read 21 million
+# rows in 1,334 sequential scans, and PostgreSQL spent 12-16 s of CPU on the 37,500 messages.
+# Disabling sequential scans alone is not enough (a full scan of the primary key, hash-joined,
+# is the small table's plan then), nor is planning every execution afresh (with small rows,
+# 20,000 of them still cost less to scan than 100 probes, by the planner's reckoning). Set in
+# the transaction of the statements that need it, which restores the defaults before any
+# handler runs (RESTORE_PLANS) or ends after them. Every execution of those statements runs
+# under it, so a generic plan is made under it too (a cached plan ignores later settings).
+# One statement, which a prepared statement may be too.
+BY_ID_PLANS = (
+    "SELECT set_config('enable_seqscan', 'off', true), "
+    "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+)
+
 # The fence before handlers run: lock the claimed rows this attempt still owns (status and
 # attempts as claimed). A row whose lease expired and was reaped, or claimed again, is left
 # out, so a late attempt never commits its effects over a newer one. Once locked, a row is
@@ -287,9 +306,12 @@ async def hold_claimed(
     """Lock `rows` for this transaction; the ids still owned by their claimed attempt.
 
     `leased`: claimed by `claim_due` (HOLD_CLAIMED); otherwise by `lock_due` and
-    `record_claims`, a batch that runs again (HOLD_LOCKED).
+    `record_claims`, a batch that runs again (HOLD_LOCKED). The transaction is left planning
+    by id (BY_ID_PLANS): the caller restores the defaults (RESTORE_PLANS) before any handler
+    runs.
     """
     params = {"ids": [r.id for r in rows], "attempts": [r.attempts + 1 for r in rows]}
+    await conn.execute(text(BY_ID_PLANS))
     return {r.id for r in await conn.execute(HOLD_CLAIMED if leased else HOLD_LOCKED, params)}
 
 
@@ -314,7 +336,12 @@ LOCK_DUE = """
      LIMIT $2
        FOR UPDATE OF m SKIP LOCKED
 """
-RESTORE_SORTS = "SET LOCAL enable_sort TO DEFAULT"
+# What a batch's transaction sends before any handler runs: its own statements' planner
+# settings (NO_SORTS, BY_ID_PLANS) are the inbox's, not the handlers'.
+RESTORE_PLANS = (
+    "SET LOCAL enable_sort TO DEFAULT; SET LOCAL enable_seqscan TO DEFAULT; "
+    "SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT"
+)
 
 
 @dataclass(frozen=True)
@@ -330,7 +357,7 @@ async def lock_due(conn: AsyncConnection, sources: Sequence[str], limit: int) ->
     call it first), in id order.
 
     The claim's plan is the due index's (see NO_SORTS): sorts are left disabled, and the
-    caller must restore them (RESTORE_SORTS, `MessageSavepoints.defer`) before any handler
+    caller must restore them (RESTORE_PLANS, `MessageSavepoints.defer`) before any handler
     runs a statement in the transaction.
     """
     await conn.execute(NO_SORTS)
@@ -457,15 +484,16 @@ FINISH_ATTEMPTS = f"""
          WHERE m.id = u.id
            AND m.attempts = u.expected
            AND {BY_ID_STATUS} = ANY($2::text[])
-     RETURNING m.id
+     RETURNING m.id, u.attempt, u.started_at, u.finished_at, u.outcome, u.error_type,
+               u.error, u.traceback, u.duration_ms
     ), released AS (
         DELETE FROM inbox_claims AS c USING finished WHERE c.message_id = finished.id
     )
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
                                 error_type, error, traceback, duration_ms, actor)
-    SELECT u.id, u.attempt, u.started_at, u.finished_at, u.outcome,
-           u.error_type, u.error, u.traceback, u.duration_ms, $3
-      FROM u JOIN finished USING (id)
+    SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
+           duration_ms, $3
+      FROM finished
     RETURNING message_id
 """  # noqa: S608 - a fixed expression, no input
 
@@ -503,8 +531,6 @@ def _outcome(r: AttemptResult, leased: bool) -> dict[str, object]:
 async def _finish(
     driver: asyncpg.Connection, results: Sequence[AttemptResult], actor: str, leased: bool
 ) -> set[int]:
-    if not results:
-        return set()
     rows = await driver.fetch(
         FINISH_ATTEMPTS, outcomes_document(results, leased), LEASED if leased else UNLEASED, actor
     )
@@ -517,6 +543,7 @@ async def finish_attempts(
     actor: str,
     *,
     leased: bool = False,
+    savepoints: MessageSavepoints | None = None,
 ) -> set[int]:
     """Write `results` in `conn`'s transaction; the ids actually updated (a lost lease is left
     out). The transaction must have begun on the server (a statement ran in it already): the
@@ -525,10 +552,19 @@ async def finish_attempts(
     `leased`: the attempts were counted on the rows when they were claimed (`claim_due`);
     otherwise the rows were inserted by this transaction (sync mode) or locked by it
     (`lock_due`, their attempts counted as claims), and the attempt counts now.
+    `savepoints`: the batch's, whose pending commands are sent first, in the same round trip
+    as BY_ID_PLANS (which stays set: the transaction must end after this).
     """
+    if savepoints is not None:
+        savepoints.defer(BY_ID_PLANS)
+        await savepoints.flush()
     driver = await _driver(conn)
     if not driver.is_in_transaction():
         raise RuntimeError("finish_attempts needs its transaction to have begun")
+    if not results:
+        return set()
+    if savepoints is None:
+        await driver.execute(BY_ID_PLANS)
     return await _finish(driver, results, actor, leased)
 
 
@@ -561,9 +597,21 @@ def last_error_line(error_type: str | None, error: str | None) -> str | None:
 async def record_results(
     engine: AsyncEngine, results: Sequence[AttemptResult], actor: str, *, leased: bool
 ) -> set[int]:
-    """`finish_attempts` in a transaction of its own: one statement, so it commits alone."""
+    """`finish_attempts` in a transaction of its own."""
+    if not results:
+        return set()
     async with translate_errors(), engine.connect() as conn:
-        return await _finish(await _driver(conn), results, actor, leased)
+        driver = await _driver(conn)
+        # SQLAlchemy has sent nothing on `conn`: this transaction is the driver's alone.
+        try:
+            await driver.execute(f"BEGIN; {BY_ID_PLANS}")
+            finished = await _finish(driver, results, actor, leased)
+            await driver.execute("COMMIT")
+        except BaseException:
+            # As in claim_due: the connection must not go back to the pool mid-transaction.
+            await conn.invalidate()
+            raise
+    return finished
 
 
 # Leases whose holder is gone (killed, partitioned, or just too slow): SKIP LOCKED so that

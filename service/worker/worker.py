@@ -25,7 +25,7 @@ from service.processing.policy import failed_attempt, retry_failure
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope
 from service.sources.config_file import InboxConfig
 from service.store.claims import (
-    RESTORE_SORTS,
+    RESTORE_PLANS,
     AttemptResult,
     MessageRow,
     MessageSavepoints,
@@ -438,8 +438,8 @@ class Worker:
                 isolated = self._isolating(rows)
                 defer_flush = defer_flush and not isolated
             async with handler_scope(conn) as (session, savepoints):
-                if not claimed.leased:
-                    savepoints.defer(RESTORE_SORTS)  # left off by lock_due (or a no-op)
+                # Sorts left off by lock_due, plans by id by hold_claimed (or a no-op).
+                savepoints.defer(RESTORE_PLANS)
                 deadline = None if isolated else BatchDeadline(savepoints)
                 try:
                     for row in rows:
@@ -477,8 +477,9 @@ class Worker:
                         await deadline.close()
                 if defer_flush:
                     await self._flush_staged(session, savepoints)
-                await savepoints.flush()
-            await finish_attempts(conn, results, self.actor, leased=claimed.leased)
+                await finish_attempts(
+                    conn, results, self.actor, leased=claimed.leased, savepoints=savepoints
+                )
         # Committed: effects and processed marks together.
         if abandoned:
             log.warning("expired claims reaped", extra={"count": len(abandoned)})

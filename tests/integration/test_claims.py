@@ -32,11 +32,14 @@ from service.store.claims import (
     LOCK_DUE,
     NO_SORTS,
     AttemptResult,
+    MessageRow,
     claim_due,
     expired_leases,
     finish_attempts,
     hold_claimed,
     lock_due,
+    outcomes_document,
+    record_results,
 )
 
 BACKLOG = 20_000
@@ -356,6 +359,85 @@ async def rows_read(db: asyncpg.Connection, engine: AsyncEngine) -> int:
             "WHERE relname = 'inbox_messages'"
         )
     )
+
+
+@pytest.fixture
+async def settled(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """One connection whose prepared statements use a generic plan from their first execution,
+    as PostgreSQL's plan cache settles on by their sixth: made for the table as it was then,
+    and kept until the next ANALYZE."""
+    engine = create_engine(
+        database_url,
+        Settings(database_url="x"),
+        pool_size=1,
+        connect_args={"server_settings": {"plan_cache_mode": "force_generic_plan"}},
+    )
+    yield engine
+    await engine.dispose()
+
+
+async def pending(db: asyncpg.Connection, prefix: str, count: int) -> None:
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) "
+        "SELECT 'burst', $1 || g, '{}' FROM generate_series(1, $2) g",
+        prefix,
+        count,
+    )
+
+
+UNGUIDED = "/* unguided */ " + FINISH_ATTEMPTS
+
+
+def processed(rows: list[MessageRow]) -> list[AttemptResult]:
+    now = datetime.now(UTC)
+    return [AttemptResult(r.id, 1, Status.PROCESSED, "processed", now, now) for r in rows]
+
+
+async def test_a_batch_planned_on_an_empty_inbox_finds_its_rows_by_id_once_it_has_grown(
+    db: asyncpg.Connection, settled: AsyncEngine
+) -> None:
+    # A fresh inbox that autovacuum has not analyzed yet: five messages.
+    await db.execute("ALTER TABLE inbox_messages SET (autovacuum_enabled = false)")
+    await pending(db, "first", 5)
+    first = await claim_due(settled, {"burst": 30.0}, 100)
+    # The finish as it was sent before, without BY_ID_PLANS (a statement of its own on the
+    # connection, which a comment makes it): its plan, made on five rows, is kept.
+    async with settled.begin() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert isinstance(driver, asyncpg.Connection)
+        await driver.fetch(UNGUIDED, outcomes_document(processed(first), True), LEASED, "t")
+
+    # The inbox grows to 20,000 messages before anything analyzes it.
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body, status, processed_at) "
+        "SELECT 'usual', 'u' || g, '{}', 'processed', now() FROM generate_series(1, $1) g",
+        BACKLOG,
+    )
+    await pending(db, "second", 5)
+    second = await claim_due(settled, {"burst": 30.0}, 100)
+    before = await rows_read(db, settled)
+    async with settled.begin() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert isinstance(driver, asyncpg.Connection)
+        await driver.fetch(UNGUIDED, outcomes_document(processed(second), True), LEASED, "t")
+    # The arrangement does mislead the planner: that plan reads the whole table.
+    assert await rows_read(db, settled) - before > BACKLOG
+
+    # The batch's own statements, and the outcomes recorded apart, find their five rows by id.
+    await pending(db, "third", 10)
+    third = await claim_due(settled, {"burst": 30.0}, 100)
+    before = await rows_read(db, settled)
+    async with settled.begin() as conn:
+        assert await hold_claimed(conn, third[:5]) == {r.id for r in third[:5]}
+        assert await finish_attempts(conn, processed(third[:5]), "t", leased=True) == {
+            r.id for r in third[:5]
+        }
+    assert await record_results(settled, processed(third[5:]), "t", leased=True) == {
+        r.id for r in third[5:]
+    }
+    assert await rows_read(db, settled) - before < 1_000
+    done = "SELECT count(*) FROM inbox_messages WHERE source = 'burst' AND status = 'processed'"
+    assert await db.fetchval(done) == 20
 
 
 @pytest.mark.parametrize("statuses", [("processing",), ("processing", "dead")])
