@@ -42,6 +42,9 @@ RECORD_SETTINGS = text(
     INSERT INTO effects (inbox_id, source, message_id, attempt, payload)
     SELECT :inbox_id, :source, :message_id, :attempt,
            jsonb_build_object('enable_sort', current_setting('enable_sort'),
+                              'enable_seqscan', current_setting('enable_seqscan'),
+                              'enable_hashjoin', current_setting('enable_hashjoin'),
+                              'enable_mergejoin', current_setting('enable_mergejoin'),
                               'statement_timeout', current_setting('statement_timeout'))
     """
 )
@@ -50,6 +53,28 @@ RECORD_SETTINGS = text(
 async def record_settings(message: InboxMessage, ctx: HandlerContext) -> None:
     """An effect holding the planner and timeout settings the handler's statements run with."""
     await ctx.session.execute(RECORD_SETTINGS, effect_fields(message))
+
+
+async def record_settings_fail_on_bad(message: InboxMessage, ctx: HandlerContext) -> None:
+    """`record_settings`, but a message whose id starts with `bad` fails: its batch runs
+    again, isolated, after locking its rows again by id."""
+    if message.message_id.startswith("bad"):
+        raise RuntimeError("bad message")
+    await record_settings(message, ctx)
+
+
+RECORD_TRANSACTION = text(
+    """
+    INSERT INTO effects (inbox_id, source, message_id, attempt, payload)
+    SELECT :inbox_id, :source, :message_id, :attempt,
+           jsonb_build_object('transaction', pg_current_xact_id()::text)
+    """
+)
+
+
+async def record_transaction(message: InboxMessage, ctx: HandlerContext) -> None:
+    """An effect holding the id of the transaction it commits in: one per batch."""
+    await ctx.session.execute(RECORD_TRANSACTION, effect_fields(message))
 
 
 async def record(message: InboxMessage, ctx: HandlerContext) -> None:

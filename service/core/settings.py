@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     worker_poll_seconds: float = Field(default=2.0, gt=0, le=3600)
     worker_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
     worker_lease_margin_seconds: float = Field(default=30.0, ge=0, le=3600)
+    # After a batch began, how long a notification waits before waking a claim loop, so that
+    # the deliveries of that time are claimed together (Worker._notified).
+    worker_linger_seconds: float = Field(default=0.05, ge=0, le=10)
 
     @property
     def config_is_set(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -67,6 +68,7 @@ class WorkerOptions:
     poll_seconds: float = 2.0
     grace_seconds: float = 30.0
     lease_margin_seconds: float = 30.0
+    linger_seconds: float = 0.05
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerOptions:
@@ -76,6 +78,7 @@ class WorkerOptions:
             poll_seconds=settings.worker_poll_seconds,
             grace_seconds=settings.worker_grace_seconds,
             lease_margin_seconds=settings.worker_lease_margin_seconds,
+            linger_seconds=settings.worker_linger_seconds,
         )
 
 
@@ -122,9 +125,9 @@ class Worker:
 
     Python handlers run inside one transaction per batch (a SAVEPOINT per message only once a
     handler has failed, see `_run_handlers`); forwards are leased by the claim and called
-    after it commits. The listener wakes an idle loop on each NOTIFY;
-    the poller wakes one every `poll_seconds` (retries coming due, missed notifications) and
-    returns expired leases to the queue.
+    after it commits. The listener wakes an idle loop on each NOTIFY (at most once per
+    `linger_seconds` after a batch began); the poller wakes one every `poll_seconds` (retries
+    coming due, missed notifications) and returns expired leases to the queue.
     """
 
     def __init__(
@@ -171,6 +174,8 @@ class Worker:
         self._gate = Gate()
         self._alone_due = False
         self._isolate_until: dict[str, float] = {}  # source -> time.monotonic()
+        self._last_batch = -math.inf  # when a batch last began (the event loop's clock)
+        self._lingering: asyncio.TimerHandle | None = None
 
     # Waking --------------------------------------------------------------------------------
 
@@ -181,6 +186,24 @@ class Worker:
         elif self._wakeups:
             self._next = (self._next + 1) % len(self._wakeups)
             self._wakeups[self._next].set()
+
+    def _notified(self) -> None:
+        """Deliveries were committed (a NOTIFY, or the listener reconnected): wake a claim loop
+        now, or, if a batch began less than `linger_seconds` ago, once that long has passed
+        since it began. What ingest commits meanwhile is then claimed as one batch rather than
+        as a small batch per commit, each paying a batch's round trips and statements."""
+        if self._lingering is not None:
+            return  # a wake is already due
+        loop = asyncio.get_running_loop()
+        wait = self._last_batch + self.options.linger_seconds - loop.time()
+        if wait <= 0:
+            self.wake_one()
+        else:
+            self._lingering = loop.call_later(wait, self._lingered)
+
+    def _lingered(self) -> None:
+        self._lingering = None
+        self.wake_one()
 
     def wake_all(self) -> None:
         for event in self._wakeups:
@@ -212,7 +235,7 @@ class Worker:
                 for i in range(self.options.concurrency)
             ]
             side = [
-                asyncio.create_task(listen_for_messages(self.url, self.wake_one), name="listener"),
+                asyncio.create_task(listen_for_messages(self.url, self._notified), name="listener"),
                 asyncio.create_task(self._poll(), name="poller"),
             ]
             if self.retention is not None:
@@ -236,6 +259,9 @@ class Worker:
                     "grace period over; cancelling in-flight batches (they roll back)",
                     extra={"batches": len(unfinished)},
                 )
+            if self._lingering is not None:
+                self._lingering.cancel()
+                self._lingering = None
             for task in (*unfinished, *side, stopping):
                 task.cancel()
             await asyncio.gather(*unfinished, *side, stopping, return_exceptions=True)
@@ -287,6 +313,10 @@ class Worker:
         """Claim and run one batch of the Python handlers' sources, and one of the forwards';
         the larger number of messages claimed."""
         locked = forwarded = 0
+        # Notifications linger from the batch's start (`_notified`); a look that found nothing
+        # (a poll, or rows another loop took) does not hold the next delivery back.
+        previous, began = self._last_batch, asyncio.get_running_loop().time()
+        self._last_batch = began
         async with self._gate.shared():
             if self._locking:
                 locked = await self._run_handlers(_Claimed(leased=False))
@@ -294,6 +324,8 @@ class Worker:
                 rows = await claim_due(self.engine, self._forwarding, self.options.batch_size)
                 await self._run_claimed(rows)
                 forwarded = len(rows)
+        if not (locked or forwarded) and self._last_batch == began:
+            self._last_batch = previous
         return max(locked, forwarded)
 
     async def run_alone(self) -> int:

@@ -207,18 +207,62 @@ async def test_graceful_shutdown_finishes_in_flight_work(
     assert await db.fetchval("SELECT count(*) FROM effects") == 1
 
 
+@pytest.mark.parametrize(
+    ("handler", "messages"),
+    [
+        ("record_settings", ["m1", "m2"]),
+        # The optimistic run fails on `bad`: the batch runs again, isolated, after locking its
+        # rows again by id.
+        ("record_settings_fail_on_bad", ["m1", "bad", "m2"]),
+    ],
+)
 async def test_handlers_run_with_the_servers_planner_settings_and_their_own_timeout(
+    client_for: AppFactory, db: asyncpg.Connection, handler: str, messages: list[str]
+) -> None:
+    # The claim disables sorts for its own plan, and the hold of a batch that runs again
+    # disables sequential scans, hash and merge joins for its own, in the transaction the
+    # handlers then run in: they must not inherit that, optimistic batch or isolated.
+    await create_effects(db)
+    await insert_messages(db, *messages)
+    cfg = config(f"tests.handlers:{handler}", handler_timeout_seconds=7, max_attempts=1)
+    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+        await wait_until(db, FINISHED, len(messages), 15)
+    settings = [json.loads(r["payload"]) for r in await db.fetch("SELECT payload FROM effects")]
+    server = {"enable_sort": "on", "enable_seqscan": "on", "enable_hashjoin": "on"}
+    assert settings == [{**server, "enable_mergejoin": "on", "statement_timeout": "7s"}] * 2
+
+
+async def test_deliveries_committed_soon_after_a_batch_began_are_claimed_together(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    # The claim disables sorts for its own plan, in the transaction the handlers then run in:
-    # they must not inherit that, optimistic batch or isolated.
+    # One claim loop, woken only by notifications (the poller is slow), which linger 2 s after
+    # a batch began.
     await create_effects(db)
-    await insert_messages(db, "m1", "m2")
-    cfg = config("tests.handlers:record_settings", handler_timeout_seconds=7)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
-        await wait_until(db, "SELECT count(*) FROM effects", 2, 15)
-    settings = [json.loads(r["payload"]) for r in await db.fetch("SELECT payload FROM effects")]
-    assert settings == [{"enable_sort": "on", "statement_timeout": "7s"}] * 2
+    cfg = config("tests.handlers:record_transaction")
+    settings = {
+        **WORKER_SETTINGS,
+        "worker_poll_seconds": 60,
+        "worker_concurrency": 1,
+        "worker_linger_seconds": 2.0,
+    }
+    processed = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
+    async with client_for(cfg, run_worker=True, **settings) as client:
+        await asyncio.sleep(2.5)  # past the linger of the look the worker took at start
+        # A delivery after a quiet spell is claimed at once, not a linger later.
+        started = asyncio.get_running_loop().time()
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("first"))
+        await wait_until(db, processed, 1)
+        assert asyncio.get_running_loop().time() - started < 1.5
+        # Three more, each committed and notified on its own while the linger lasts.
+        for message_id in ("m2", "m3", "m4"):
+            response = await client.post(
+                "/webhooks/hooks", content=b"{}", headers=delivery(message_id)
+            )
+            assert response.status_code == 200
+        await wait_until(db, processed, 4)
+    rows = await db.fetch("SELECT message_id, payload->>'transaction' AS tx FROM effects")
+    batch_of = {r["message_id"]: r["tx"] for r in rows}
+    assert batch_of["m2"] == batch_of["m3"] == batch_of["m4"] != batch_of["first"]
 
 
 async def test_messages_of_other_sources_are_left_alone(
