@@ -739,16 +739,26 @@ def targets(
     if latencies:
         best = max(bounded, default=0.0)
         line(best >= 2500, "highest offered rate with a bounded backlog >= 2500/s", f"{best:.0f}/s")
-        # Issue 13: the latencies at that rate count as well as its bound.
-        at_best = next((x for x in latencies if x["load"]["target_rate"] == best), None)
-        if at_best is not None:
-            p99, e99 = at_best["load"]["latency_ms"]["p99"], at_best["db_latency_ms"]["e99"]
-            line(p99 is not None and p99 < 100, f"HTTP p99 < 100 ms at {best:.0f}/s", f"{p99} ms")
-            line(
-                e99 is not None and e99 < 1000,
-                f"accept-to-processed p99 < 1 s at {best:.0f}/s",
-                f"{e99} ms",
-            )
+
+        # Issue 13: the latencies count as well as the bound, at one rate that meets all three.
+        def fast(x: dict[str, Any]) -> bool:
+            p99, e99 = x["load"]["latency_ms"]["p99"], x["db_latency_ms"]["e99"]
+            return p99 is not None and p99 < 100 and e99 is not None and e99 < 1000
+
+        met = [x for x in latencies if x["load"]["target_rate"] in bounded and fast(x)]
+        top = max(met, key=lambda x: x["load"]["target_rate"], default=None)
+        rate = 0.0 if top is None else top["load"]["target_rate"]
+        measured = f"{rate:.0f}/s" + (
+            ""
+            if top is None
+            else f" (HTTP p99 {top['load']['latency_ms']['p99']} ms, "
+            f"accept-to-processed p99 {top['db_latency_ms']['e99']} ms)"
+        )
+        line(
+            rate >= 2500,
+            "a bounded rate >= 2500/s with HTTP p99 < 100 ms and accept-to-processed p99 < 1 s",
+            measured,
+        )
     rss = [r for d in drains for r in d.peak_rss_mb]
     rss += [x["service_peak_rss_mb"] for x in latencies]
     if rss:
