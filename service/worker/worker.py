@@ -326,6 +326,10 @@ class Worker:
                 forwarded = len(rows)
         if not (locked or forwarded) and self._last_batch == began:
             self._last_batch = previous
+            if self._lingering is not None:  # a notification this look was holding back
+                self._lingering.cancel()
+                self._lingering = None
+                self._notified()
         return max(locked, forwarded)
 
     async def run_alone(self) -> int:
