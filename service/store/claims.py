@@ -221,21 +221,29 @@ async def claim_due(
     (its JSONB codec, set up by the dialect, decodes `headers`), not through SQLAlchemy's
     result rows.
     """
+    async with driver_transaction(engine, CLAIM_BEGIN) as driver:
+        records = await driver.fetch(
+            CLAIM_ALONE if alone else CLAIM_DUE, list(leases), list(leases.values()), limit
+        )
+    return sorted((message_row(r) for r in records), key=lambda row: row.id)
+
+
+@asynccontextmanager
+async def driver_transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction on a pooled connection's driver, opened by `begin` (BEGIN and whatever
+    settings go with it, in one trip) and committed when the block exits normally."""
     async with translate_errors(), engine.connect() as conn:
         driver = await _driver(conn)
         # SQLAlchemy has sent nothing on `conn`: this transaction is the driver's alone.
         try:
-            await driver.execute(CLAIM_BEGIN)
-            records = await driver.fetch(
-                CLAIM_ALONE if alone else CLAIM_DUE, list(leases), list(leases.values()), limit
-            )
+            await driver.execute(begin)
+            yield driver
             await driver.execute("COMMIT")
         except BaseException:
-            # Where the transaction stands is unknown (the statement failed, or this task was
+            # Where the transaction stands is unknown (a statement failed, or this task was
             # cancelled mid-trip): the connection must not go back to the pool with it open.
             await conn.invalidate()
             raise
-    return sorted((message_row(r) for r in records), key=lambda row: row.id)
 
 
 def message_row(r: asyncpg.Record) -> MessageRow:
@@ -600,18 +608,8 @@ async def record_results(
     """`finish_attempts` in a transaction of its own."""
     if not results:
         return set()
-    async with translate_errors(), engine.connect() as conn:
-        driver = await _driver(conn)
-        # SQLAlchemy has sent nothing on `conn`: this transaction is the driver's alone.
-        try:
-            await driver.execute(f"BEGIN; {BY_ID_PLANS}")
-            finished = await _finish(driver, results, actor, leased)
-            await driver.execute("COMMIT")
-        except BaseException:
-            # As in claim_due: the connection must not go back to the pool mid-transaction.
-            await conn.invalidate()
-            raise
-    return finished
+    async with driver_transaction(engine, f"BEGIN; {BY_ID_PLANS}") as driver:
+        return await _finish(driver, results, actor, leased)
 
 
 # Leases whose holder is gone (killed, partitioned, or just too slow): SKIP LOCKED so that
