@@ -83,7 +83,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.generator.connected(self)
+        self.generator.idle(self)
 
     def send(self, request: Request) -> None:
         assert self.transport is not None
@@ -176,9 +176,6 @@ class Generator:
         self.open -= 1
         if self.waiting:  # the request that asked for it fails: a refused connection
             self.fail(self.waiting.popleft(), task.exception())
-
-    def connected(self, connection: Connection) -> None:
-        self.idle(connection)
 
     def idle(self, connection: Connection) -> None:
         self.busy.discard(connection)
