@@ -423,18 +423,19 @@ async def test_a_batch_planned_on_an_empty_inbox_finds_its_rows_by_id_once_it_ha
     # The arrangement does mislead the planner: that plan reads the whole table.
     assert await rows_read(db, settled) - before > BACKLOG
 
-    # The batch's own statements, and the outcomes recorded apart, find their five rows by id.
+    # The outcomes recorded apart (first: their finish makes the plan the batch's reuses), and
+    # the batch's own statements, find their five rows each by id.
     await pending(db, "third", 10)
     third = await claim_due(settled, {"burst": 30.0}, 100)
     before = await rows_read(db, settled)
+    assert await record_results(settled, processed(third[5:]), "t", leased=True) == {
+        r.id for r in third[5:]
+    }
     async with settled.begin() as conn:
         assert await hold_claimed(conn, third[:5]) == {r.id for r in third[:5]}
         assert await finish_attempts(conn, processed(third[:5]), "t", leased=True) == {
             r.id for r in third[:5]
         }
-    assert await record_results(settled, processed(third[5:]), "t", leased=True) == {
-        r.id for r in third[5:]
-    }
     assert await rows_read(db, settled) - before < 1_000
     done = "SELECT count(*) FROM inbox_messages WHERE source = 'burst' AND status = 'processed'"
     assert await db.fetchval(done) == 20
