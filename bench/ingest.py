@@ -1,4 +1,4 @@
-"""bench/ingest: the service's ingest against two baselines under wrk, with targets checked.
+"""bench/ingest: the service's ingest against three baselines under wrk, with targets checked.
 
 Run `bench/ingest` (or `bench/ingest --quick`); see bench/README.md.
 """
@@ -34,14 +34,22 @@ from bench.systems import (
 )
 
 # What `--systems` chooses from (bench/systems.py builds them).
-SYSTEMS = ("generic", "generic-serve", "standard-webhooks", "baseline-A", "baseline-B")
+SYSTEMS = (
+    "generic",
+    "generic-serve",
+    "standard-webhooks",
+    "baseline-A",
+    "baseline-B",
+    "baseline-F",
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/ingest",
-        description="Benchmark POST /webhooks/{source} against a no-database FastAPI baseline "
-        "and a naive SQLModel receiver, on PostgreSQL (DATABASE_URL, else embedded).",
+        description="Benchmark POST /webhooks/{source} against a no-database FastAPI baseline, "
+        "a naive SQLModel receiver and the HTTP floor (httptools, no framework), on PostgreSQL "
+        "(DATABASE_URL, else embedded).",
     )
     parser.add_argument("--duration", type=int, default=10, help="seconds per cell (10)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")

@@ -115,6 +115,10 @@ def build_processes(
             service_url,
         ),
         Process("baseline-A", [*baseline, "noop"], {}, [Target("baseline-A", "/webhooks/generic")]),
+        # The floor: what a request costs below any framework (bench/baselines/floor.py).
+        Process(
+            "baseline-F", [*baseline, "floor"], {}, [Target("baseline-F", "/webhooks/generic")]
+        ),
         Process(
             "baseline-B",
             [*baseline, "naive"],
