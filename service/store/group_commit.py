@@ -91,6 +91,52 @@ def _give_up(done: asyncio.Future[list[Recorded]]) -> None:
         done.set_exception(StoreUnavailable("the database did not commit in time"))
 
 
+class _Deadlines:
+    """Gives up on each request that has waited `wait_timeout` for its commit, with one timer
+    for all of them rather than one per request (a timer set and cancelled for every delivery
+    cost more than the rest of `record`).
+
+    Requests are watched in the order they arrived, so the first one watched is always the
+    next to run out of time; the ones answered are dropped from the front as new ones come.
+    """
+
+    def __init__(self, wait_timeout: float, max_queued: int) -> None:
+        self.wait_timeout = wait_timeout
+        self.max_queued = max_queued
+        self._compact_at = 2 * max_queued
+        self._watched: deque[tuple[float, asyncio.Future[list[Recorded]]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(self, done: asyncio.Future[list[Recorded]]) -> None:
+        watched = self._watched
+        while watched and watched[0][1].done():
+            watched.popleft()
+        if len(watched) > self._compact_at:
+            # Answered ones pile up behind a request still waiting. Keeping the unanswered
+            # (about max_queued at most: `record` refuses beyond it) halves the list at least.
+            self._watched = watched = deque(w for w in watched if not w[1].done())
+            self._compact_at = 2 * max(self.max_queued, len(watched))
+        loop = asyncio.get_running_loop()
+        watched.append((loop.time() + self.wait_timeout, done))
+        if self._timer is None:
+            self._timer = loop.call_at(watched[0][0], self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        watched = self._watched
+        while watched and (watched[0][1].done() or watched[0][0] <= now):
+            _give_up(watched.popleft()[1])
+        if watched:
+            self._timer = loop.call_at(watched[0][0], self._expire)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class GroupCommitter:
     """Writes the deliveries of concurrent requests in shared transactions.
 
@@ -129,6 +175,7 @@ class GroupCommitter:
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._deadlines = _Deadlines(wait_timeout, max_queued)
 
     def start(self) -> None:
         self._tasks = [
@@ -162,6 +209,7 @@ class GroupCommitter:
         self._closed = True
         self._wakeup.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._deadlines.stop()
 
     async def record(
         self,
@@ -189,12 +237,9 @@ class GroupCommitter:
         self._wakeup.set()
         # Giving up ends the entry's future: a flusher that has not taken it yet drops it
         # unwritten; one already writing it may still commit it (the sender's retry is then a
-        # duplicate). A timer handle, not asyncio.timeout(): a third of the cost per request.
-        timer = asyncio.get_running_loop().call_later(self.wait_timeout, _give_up, entry.done)
-        try:
-            return await entry.done
-        finally:
-            timer.cancel()
+        # duplicate).
+        self._deadlines.watch(entry.done)
+        return await entry.done
 
     def _take_batch(self) -> list[_Entry]:
         """The next entries to write, dropping those whose requests stopped waiting."""

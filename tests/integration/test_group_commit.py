@@ -14,7 +14,7 @@ from service.core.db import asyncpg_dsn, create_engine
 from service.core.settings import Settings
 from service.sources.base import Message, Recorded
 from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
-from service.store.group_commit import GroupCommitter
+from service.store.group_commit import GroupCommitter, _Deadlines
 
 
 @pytest.fixture
@@ -156,6 +156,42 @@ async def test_backpressure_refuses_when_the_queue_is_full(database_url: str) ->
     first.cancel()
     second.cancel()
     await engine.dispose()
+
+
+async def test_each_request_gives_up_when_its_own_wait_runs_out(database_url: str) -> None:
+    """One timer serves every waiting request: each still gets its whole `wait_timeout`,
+    counted from when it arrived, not from the first one's."""
+    engine = create_engine(database_url, Settings(database_url="x"))
+    committer = GroupCommitter(engine, flushers=1, wait_timeout=0.4)
+    # Not started: nothing commits, as when the database stalls.
+    loop = asyncio.get_running_loop()
+    first = record(committer, "1")
+    await asyncio.sleep(0.2)
+    second = record(committer, "2")
+    second_arrived = loop.time()
+    with pytest.raises(StoreUnavailable, match="in time"):
+        await first
+    assert not second.done()
+    with pytest.raises(StoreUnavailable, match="in time"):
+        await second
+    assert loop.time() - second_arrived >= 0.4
+    await engine.dispose()
+
+
+async def test_requests_answered_behind_one_still_waiting_are_not_kept() -> None:
+    """A request stuck waiting (its batch's connection hung) must not make every request
+    answered after it stay referenced until it gives up."""
+    deadlines = _Deadlines(wait_timeout=60, max_queued=5)
+    stuck: asyncio.Future[list[Recorded]] = asyncio.get_running_loop().create_future()
+    deadlines.watch(stuck)
+    for _ in range(1000):
+        answered: asyncio.Future[list[Recorded]] = asyncio.get_running_loop().create_future()
+        deadlines.watch(answered)
+        answered.set_result([])
+    assert len(deadlines._watched) <= 11
+    assert deadlines._watched[0][1] is stuck
+    deadlines.stop()
+    assert not stuck.done()
 
 
 async def test_a_stalled_database_holds_at_most_the_bound_across_waves(
