@@ -287,6 +287,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 # The parser did not end the head at its blank line: it will have answered
                 # 400, or else this head goes on and is counted on.
                 self._tail = b""
+        direct = self._direct
+        if direct is not None and direct.body_timer is None:
+            # A direct delivery's body is still to come: its time starts now. (Nearly every
+            # body comes in the read that ends its head, and then no timer is set at all.)
+            direct.body_timer = self.loop.call_later(
+                direct.ingestion.body_timeout_seconds, self._body_timed_out
+            )
 
     def _reading(self) -> bool:
         """Whether this protocol still parses what arrives (not refused, closed or upgraded)."""
@@ -416,10 +423,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         direct = DirectRequest(
             ingestion, source, self.headers, query_string, keep_alive, time.perf_counter()
         )
-        if length:
-            direct.body_timer = self.loop.call_later(
-                ingestion.body_timeout_seconds, self._body_timed_out
-            )
+        # Its body timer is set at the end of the read, if the body is not complete by then.
         self.cycle = direct  # type: ignore[assignment]
         self._direct = direct
         return True
