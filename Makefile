@@ -49,7 +49,7 @@ image-lint: $(VENV)/.synced
 	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 
 typecheck: $(VENV)/.synced
-	$(BIN)/mypy --strict service
+	$(BIN)/mypy --strict service bench
 
 pytest: $(VENV)/.synced $(CHROMIUM)
 	$(COMPILE) service tests

@@ -254,12 +254,12 @@ def report(runs: dict[str, list[dict[str, float]]]) -> None:
         shown = f"{medians[name][1]:8.1f}" if cpu else "       -"
         print(f"{name:18} {rate:8.0f}   {shown}")
     base_rate, base_cpu = medians["leased"]
-    for name, (rate, cpu) in medians.items():
+    for name, (rate, side_cpu) in medians.items():
         if name == "leased":
             continue
         print(f"{name} / leased: {rate / base_rate:.2f}x the rate", end="")
-        if base_cpu and cpu:
-            print(f", {cpu / base_cpu:.2f}x PostgreSQL's CPU a message")
+        if base_cpu and side_cpu:
+            print(f", {side_cpu / base_cpu:.2f}x PostgreSQL's CPU a message")
         else:
             print()
 

@@ -9,9 +9,10 @@ import time
 import timeit
 
 from service.core import tracing
+from service.sources.base import Message
 
 HEADERS = {"content-type": "application/json"}
-MESSAGES = [object()]
+MESSAGES = [Message("evt_1", "invoice.paid")]
 RUNS = 200_000
 
 

