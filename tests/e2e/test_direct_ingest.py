@@ -96,6 +96,48 @@ async def test_keep_alive_and_pipelined_deliveries_are_answered_in_order(
     assert stored == 15
 
 
+async def test_a_kept_alive_connection_gets_the_keep_alive_and_head_timeouts_from_its_response(
+    server: ServerProcess, database_url: str
+) -> None:
+    """After a response, one timer a connection keeps both bounds: a connection that sends
+    nothing is closed after the keep-alive timeout (5 s), one that begins a head and stalls is
+    answered 408 when the head timeout (10 s from the response) runs out, and one that goes on
+    sending requests is served past both."""
+    loop = asyncio.get_running_loop()
+
+    async def answered_then(then: bytes) -> tuple[float, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(request(f"kept-{len(then)}"))
+        assert (await read_answer(reader))[0] == 200
+        answered = loop.time()
+        await asyncio.sleep(1)
+        writer.write(then)
+        rest = await asyncio.wait_for(reader.read(), 15)  # until the server closes
+        writer.close()
+        return loop.time() - answered, rest
+
+    async def busy() -> list[int]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        statuses = []
+        for n in range(8):  # one every 1.5 s: 12 s on one connection
+            writer.write(request(f"busy-{n}"))
+            statuses.append((await read_answer(reader))[0])
+            await asyncio.sleep(1.5)
+        writer.close()
+        return statuses
+
+    (idle_after, idle_rest), (stalled_after, stalled_rest), statuses = await asyncio.gather(
+        answered_then(b""),
+        answered_then(b"POST /webhooks/s HTTP/1.1\r\nHost: x\r\n"),
+        busy(),
+    )
+    assert idle_rest == b""
+    assert 4.5 <= idle_after < 8
+    assert stalled_rest.startswith(b"HTTP/1.1 408"), stalled_rest
+    assert 9.5 <= stalled_after < 13
+    assert statuses == [200] * 8
+
+
 async def test_direct_answers_are_the_asgi_routes_answers(
     server: ServerProcess, database_url: str, client_for: AppFactory
 ) -> None:

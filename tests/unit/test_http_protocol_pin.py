@@ -46,3 +46,20 @@ def test_every_uvicorn_method_the_subclass_overrides_still_exists_with_its_signa
         ), name
     init = inspect.signature(HttpToolsProtocol.__init__).parameters
     assert list(init) == ["self", "config", "server_state", "app_state", "_loop"]
+
+
+def test_the_response_completion_the_subclass_copies_is_still_uvicorns() -> None:
+    """`on_response_complete` is uvicorn's, less its keep-alive timer: if uvicorn's changes,
+    the copy must be looked at again."""
+    theirs = inspect.getsource(HttpToolsProtocol.on_response_complete)
+    for step in (
+        "self.server_state.total_requests += 1",
+        "if self.transport.is_closing():",
+        "self._unset_keepalive_if_required()",
+        "self.flow.resume_reading()",
+        "cycle, app = self.pipeline.pop()",
+        "self._start_asgi_task(cycle, app)",
+        "self.timeout_keep_alive_task = self.loop.call_later(",
+    ):
+        assert step in theirs, step
+    assert theirs.count("self.") == 11, "uvicorn's on_response_complete has changed"
