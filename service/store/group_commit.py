@@ -168,7 +168,6 @@ class GroupCommitter:
         self.connect_timeout = connect_timeout
         self.max_batch = max_batch
         self.max_queued = max_queued
-        self.wait_timeout = wait_timeout
         self.flusher_count = flushers
         self._pending: deque[_Entry] = deque()
         self._held = 0  # messages of entries queued or being written
