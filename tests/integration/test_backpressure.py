@@ -61,3 +61,40 @@ async def test_stalled_database_answers_503_in_bounded_time_then_recovers(
     assert (
         await db.fetchval("SELECT count(*) FROM inbox_messages WHERE message_id = 'stalled-7'") == 1
     )
+
+
+async def test_by_default_deliveries_arriving_during_a_write_share_the_next_one(
+    client_for: AppFactory, database_url: str, db: asyncpg.Connection
+) -> None:
+    """One group-commit flusher by default (INBOX_INGEST_FLUSHERS): the deliveries that arrive
+    while a write is under way wait for it and go together in the next, the largest batches
+    and the least CPU a delivery. With two, a second write would take some of them at once."""
+    async with client_for(CONFIG) as client:
+        blocker = await asyncpg.connect(asyncpg_dsn(database_url))
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE")
+        try:
+            first = asyncio.ensure_future(
+                client.post("/webhooks/s", content=b"a", headers={"x-id": "first"})
+            )
+            await asyncio.sleep(0.3)  # its write now waits on the lock
+            rest = []
+            for wave in range(2):  # a second flusher would take the first wave alone
+                rest += [
+                    asyncio.ensure_future(
+                        client.post("/webhooks/s", content=b"a", headers={"x-id": f"{wave}-{i}"})
+                    )
+                    for i in range(10)
+                ]
+                await asyncio.sleep(0.3)
+        finally:
+            await tx.rollback()
+            await blocker.close()
+        replies = await asyncio.gather(first, *rest)
+    assert {r.json()["status"] for r in replies} == {"accepted"}
+    # The transaction that inserted each row: the first delivery's, and one for the rest.
+    writes = await db.fetch(
+        "SELECT xmin::text AS tx, count(*) AS n FROM inbox_messages GROUP BY 1 ORDER BY 2"
+    )
+    assert [w["n"] for w in writes] == [1, 20]
