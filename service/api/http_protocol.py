@@ -207,9 +207,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_started = False  # a byte other than CR or LF of the current head arrived
         self._tail = b""  # the current head's last bytes, for an end split across two reads
         self._body_left: int | None = 0  # None: chunked, its end known to the parser alone
-        # While waiting for a head: closed at the idle deadline if no byte of one has come,
-        # 408 at the head deadline if one has begun (`_await_head`). One timer a connection.
-        self._waiting = False
+        # While waiting for a head (in `_awaiting_head`): closed at the idle deadline if no byte
+        # of one has come, 408 at the head deadline if one has begun (`_await_head`). One timer
+        # a connection.
         self._idle_deadline = 0.0
         self._head_deadline = 0.0
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -251,7 +251,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._awaiting_head.pop(self, None)  # to the end: the longest-waiting come first
         self._awaiting_head[self] = None
         now = self.loop.time()
-        self._waiting = True
         self._idle_deadline = now + idle_seconds
         self._head_deadline = now + REQUEST_HEAD_TIMEOUT_SECONDS
         timer = self._deadline_timer
@@ -264,7 +263,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _stop_awaiting_head(self) -> None:
         self._awaiting_head.pop(self, None)
-        self._waiting = False
 
     def _make_room(self, limit: int) -> None:
         """Close the connections waiting longest for a head until at most `limit` are open."""
@@ -282,7 +280,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused or self.transport.is_closing():
             return
         now = self.loop.time()
-        if not self._waiting:  # a request is in progress: look again a keep-alive later
+        if self not in self._awaiting_head:  # a request is in progress: look again later
             self._deadline_timer = self.loop.call_at(
                 now + self.timeout_keep_alive, self._deadline_reached
             )
