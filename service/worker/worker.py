@@ -205,6 +205,14 @@ class Worker:
         self._lingering = None
         self.wake_one()
 
+    def _stop_lingering(self) -> bool:
+        """Cancel a wake a notification set for later; whether one was pending."""
+        if self._lingering is None:
+            return False
+        self._lingering.cancel()
+        self._lingering = None
+        return True
+
     def wake_all(self) -> None:
         for event in self._wakeups:
             event.set()
@@ -259,9 +267,7 @@ class Worker:
                     "grace period over; cancelling in-flight batches (they roll back)",
                     extra={"batches": len(unfinished)},
                 )
-            if self._lingering is not None:
-                self._lingering.cancel()
-                self._lingering = None
+            self._stop_lingering()
             for task in (*unfinished, *side, stopping):
                 task.cancel()
             await asyncio.gather(*unfinished, *side, stopping, return_exceptions=True)
@@ -326,9 +332,7 @@ class Worker:
                 forwarded = len(rows)
         if not (locked or forwarded) and self._last_batch == began:
             self._last_batch = previous
-            if self._lingering is not None:  # a notification this look was holding back
-                self._lingering.cancel()
-                self._lingering = None
+            if self._stop_lingering():  # a notification this look was holding back
                 self._notified()
         return max(locked, forwarded)
 
