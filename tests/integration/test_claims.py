@@ -33,6 +33,7 @@ from service.store.claims import (
     NO_SORTS,
     AttemptResult,
     MessageRow,
+    _driver,
     claim_due,
     expired_leases,
     finish_attempts,
@@ -388,6 +389,14 @@ async def pending(db: asyncpg.Connection, prefix: str, count: int) -> None:
 UNGUIDED = "/* unguided */ " + FINISH_ATTEMPTS
 
 
+async def finish_unguided(engine: AsyncEngine, rows: list[MessageRow]) -> None:
+    """The finish as it was sent before, without BY_ID_PLANS (a statement of its own on the
+    connection, which a comment makes it)."""
+    async with engine.begin() as conn:
+        driver = await _driver(conn)
+        await driver.fetch(UNGUIDED, outcomes_document(processed(rows), True), LEASED, "t")
+
+
 def processed(rows: list[MessageRow]) -> list[AttemptResult]:
     now = datetime.now(UTC)
     return [AttemptResult(r.id, 1, Status.PROCESSED, "processed", now, now) for r in rows]
@@ -400,12 +409,8 @@ async def test_a_batch_planned_on_an_empty_inbox_finds_its_rows_by_id_once_it_ha
     await db.execute("ALTER TABLE inbox_messages SET (autovacuum_enabled = false)")
     await pending(db, "first", 5)
     first = await claim_due(settled, {"burst": 30.0}, 100)
-    # The finish as it was sent before, without BY_ID_PLANS (a statement of its own on the
-    # connection, which a comment makes it): its plan, made on five rows, is kept.
-    async with settled.begin() as conn:
-        driver = (await conn.get_raw_connection()).driver_connection
-        assert isinstance(driver, asyncpg.Connection)
-        await driver.fetch(UNGUIDED, outcomes_document(processed(first), True), LEASED, "t")
+    # Its plan, made on five rows, is kept.
+    await finish_unguided(settled, first)
 
     # The inbox grows to 20,000 messages before anything analyzes it.
     await db.execute(
@@ -416,10 +421,7 @@ async def test_a_batch_planned_on_an_empty_inbox_finds_its_rows_by_id_once_it_ha
     await pending(db, "second", 5)
     second = await claim_due(settled, {"burst": 30.0}, 100)
     before = await rows_read(db, settled)
-    async with settled.begin() as conn:
-        driver = (await conn.get_raw_connection()).driver_connection
-        assert isinstance(driver, asyncpg.Connection)
-        await driver.fetch(UNGUIDED, outcomes_document(processed(second), True), LEASED, "t")
+    await finish_unguided(settled, second)
     # The arrangement does mislead the planner: that plan reads the whole table.
     assert await rows_read(db, settled) - before > BACKLOG
 
