@@ -78,6 +78,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "requests repeat an earlier one); with --profile, the modes profiled (unique,dup50)",
     )
     parser.add_argument(
+        "--recycled-wal",
+        action="store_true",
+        help="first have the embedded PostgreSQL write and checkpoint about 900 MB of WAL, "
+        "so that the cells write into recycled WAL segments, as on a server that has been "
+        "running, instead of segments created as they go (not the default: the fresh "
+        "server's tail is reported unless asked)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="smoke run: 1 round of 3 s cells, 1 s warm-up"
     )
     parser.add_argument(
@@ -257,6 +265,10 @@ def main(argv: list[str] | None = None) -> None:
     with BenchPostgres() as pg, tempfile.TemporaryDirectory(prefix="inbox-bench-") as tmp:
         work = Path(tmp)
         info["postgres"] = {"embedded": pg.embedded, **asyncio.run(pg.settings())}
+        if args.recycled_wal:
+            segments = asyncio.run(pg.recycle_wal())
+            info["postgres"]["recycled_wal_segments"] = segments
+            print(f"recycled WAL: the server holds {segments} segments", flush=True)
         processes = build_processes(pg, work, args, key)
         cells = {
             (t.name, c, m): Cell(t.name, c, m)

@@ -23,6 +23,9 @@ REPORTED_SETTINGS = (
     "max_connections",
 )
 
+# About one checkpoint's worth of WAL at the default max_wal_size (1 GB).
+WAL_TO_RECYCLE_MB = 900
+
 
 def with_database(url: str, name: str) -> str:
     """`url` pointing at database `name` instead."""
@@ -101,6 +104,34 @@ class BenchPostgres:
         conn = await asyncpg.connect(self.url)
         try:
             await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await conn.close()
+
+    async def recycle_wal(self, megabytes: int = WAL_TO_RECYCLE_MB) -> int:
+        """Write about `megabytes` of WAL and checkpoint, so that the WAL segments the
+        benchmark writes into are recycled ones, as on a server that has been running, rather
+        than files created as it goes; returns how many segments the server then holds.
+
+        A fresh server creates each 16 MB segment when it needs it, zero-filled and fsynced,
+        until its first checkpoint lets it recycle them: on this machine's ext4 disk, the
+        commits waiting behind those creations were what took p99 past 25 ms once a run had
+        written a few hundred MB (docs/benchmarks.md, "Where the 32-connection tail and
+        ceiling come from"). Embedded servers only: this writes to the server and checkpoints it.
+        """
+        if not self.embedded:
+            raise SystemExit("--recycled-wal needs the embedded server: unset DATABASE_URL")
+        conn = await asyncpg.connect(self.url)
+        try:
+            # One row writes about 1 KB of WAL; the table is dropped again at once.
+            rows = megabytes * 1000
+            await conn.execute(
+                "CREATE TABLE bench_wal_fill AS"
+                f" SELECT g, repeat('x', 900) AS pad FROM generate_series(1, {rows}) g"
+            )
+            await conn.execute("DROP TABLE bench_wal_fill")
+            await conn.execute("CHECKPOINT")
+            segments: int = await conn.fetchval("SELECT count(*) FROM pg_ls_waldir()")
+            return segments
         finally:
             await conn.close()
 
