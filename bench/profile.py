@@ -36,6 +36,8 @@ PACKAGES = (
     ("asyncio/", "asyncio"),
     ("anyio/", "anyio"),
 )
+# The targets --profile runs: those of the `serve --no-worker` process.
+PROFILED = ("generic", "standard-webhooks")
 # Leaves where a thread waits rather than works (py-spy does not always see them as idle):
 # the anyio worker threads parked between jobs.
 IDLE_LEAVES = frozenset({"Condition.wait (threading.py)", "Queue.get (queue.py)"})
@@ -121,7 +123,12 @@ def run(args: argparse.Namespace, wrk: str) -> None:
     key = secrets.token_bytes(32)
     RESULTS_DIR.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    args.systems = [s for s in args.systems if s in ("generic", "standard-webhooks")]
+    args.systems = [s for s in args.systems if s in PROFILED]
+    if not args.systems:
+        raise SystemExit(
+            f"--profile runs the `serve --no-worker` targets: pick {' or '.join(PROFILED)} "
+            "with --systems (or leave --systems out for both)"
+        )
     with BenchPostgres() as pg, tempfile.TemporaryDirectory(prefix="inbox-bench-") as tmp:
         work = Path(tmp)
         (service,) = [p for p in build_processes(pg, work, args, key) if p.name == "service"]

@@ -275,9 +275,10 @@ async def migrated(settings: Settings, url: str) -> bool:
 
 
 def worker(args: argparse.Namespace) -> None:
+    from service.core.collector import settle_collector
     from service.core.db import database_url, describe_url
     from service.core.metrics import Metrics
-    from service.worker.runtime import run_worker, settle_collector
+    from service.worker.runtime import run_worker
     from service.worker.worker import WorkerCrashed
 
     settings, inbox, pipelines = load(

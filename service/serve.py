@@ -257,6 +257,7 @@ def run_http_child() -> None:
 
     from service.app import create_app
     from service.cli import load
+    from service.core.collector import settle_collector
     from service.core.metrics import follow_multiprocess_environment
 
     follow_multiprocess_environment()
@@ -265,6 +266,7 @@ def run_http_child() -> None:
     state = os.environ.get(PROCESSING_STATE_ENV)
     app = create_app(settings, inbox, processing_state=Path(state) if state else None)
     server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(settings)))
+    settle_collector()
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
 

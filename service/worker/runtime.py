@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 from collections.abc import Mapping
 
 from service.core.db import create_engine
@@ -12,26 +11,6 @@ from service.core.settings import Settings
 from service.processing.pipeline import Pipeline
 from service.sources.config_file import InboxConfig
 from service.worker.worker import Worker, WorkerOptions
-
-# Objects allocated, less those freed, before a young collection (CPython's default is 700).
-# Each message leaves ORM rows and their states, dataclasses and driver records alive until
-# its batch ends: at 700, bench/process's `add` drain ran 630 young collections per 20,000
-# messages, each walking whatever of the batch was still alive.
-YOUNG_COLLECTION_THRESHOLD = 5000
-
-
-def settle_collector() -> None:
-    """Call once a processing process has loaded its handlers, before its first batch.
-
-    What start-up built (modules, the mapper registry, settings) lives as long as the process:
-    frozen, the collector stops walking it at each full collection. And the young generation
-    is collected less often, since most of a batch's objects die with the batch. In
-    bench/process's `add` drain of 20,000 messages, the worker's collections took 0.72-0.82 s
-    of CPU before this and 0.14-0.19 s after, start-up included (docs/benchmarks.md).
-    """
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)
 
 
 async def run_worker(

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from service.worker.runtime import YOUNG_COLLECTION_THRESHOLD
+from service.core.collector import YOUNG_COLLECTION_THRESHOLD
 from tests.processing_helpers import create_effects, wait_until
 from tests.worker_process import start_worker, stop, wait_listening
 
@@ -68,7 +68,7 @@ async def test_a_worker_process_runs_its_handlers_with_the_collector_settled(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
     """`webhook-inbox worker` (and so serve's processing child) freezes what start-up built and
-    raises the young threshold before its first batch (service/worker/runtime.py)."""
+    raises the young threshold before its first batch (service/core/collector.py)."""
     await create_effects(db)
     toml = TOML.replace("record_slowly", "record_collector")
     worker = start_worker(database_url, toml, tmp_path, "collector")
