@@ -84,6 +84,6 @@ def test_the_http_child_settles_its_collector_before_it_serves(tmp_path: Path) -
         env=env,
     )
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["app"] == "InboxApp"  # the app was built before the collector was settled
+    assert seen["app"] == "InboxApp"  # the app serve builds, about to be served
     assert seen["threshold"][0] == YOUNG_COLLECTION_THRESHOLD
     assert seen["frozen"] > 10_000
