@@ -113,10 +113,10 @@ class BenchPostgres:
         than files created as it goes; returns how many segments the server then holds.
 
         A fresh server creates each 16 MB segment when it needs it, zero-filled and fsynced,
-        until its first checkpoint lets it recycle them: on this machine's ext4 disk, the
-        commits waiting behind those creations were what took p99 past 25 ms once a run had
-        written a few hundred MB (docs/benchmarks.md, "Where the 32-connection tail and
-        ceiling come from"). Embedded servers only: this writes to the server and checkpoints it.
+        until its first checkpoint lets it recycle them. On this machine's ext4 disk, those
+        creations stalled commits for 60-90 ms once a run had written a few hundred MB, and
+        took p99 past 25 ms (docs/benchmarks.md, "Where the 32-connection tail and ceiling
+        come from"). Embedded servers only: this writes to the server and checkpoints it.
         """
         if not self.embedded:
             raise SystemExit("--recycled-wal needs the embedded server: unset DATABASE_URL")
