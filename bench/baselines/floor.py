@@ -31,13 +31,13 @@ def _answer(keep_alive: bool) -> bytes:
     return head.encode("latin-1") + BODY
 
 
-# The answers of this second (keep-alive, close), made again every second as uvicorn makes its
-# date header: not a cost of each request.
-ANSWERS = {True: _answer(True), False: _answer(False)}
+# The answers of this second by keep-alive, made again every second (from the server's start)
+# as uvicorn makes its date header: not a cost of each request.
+ANSWERS: dict[bool, bytes] = {}
 
 
 def _refresh_answers(loop: asyncio.AbstractEventLoop) -> None:
-    ANSWERS.update({True: _answer(True), False: _answer(False)})
+    ANSWERS.update({keep_alive: _answer(keep_alive) for keep_alive in (True, False)})
     loop.call_later(1.0, _refresh_answers, loop)
 
 
