@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from service.core.collector import YOUNG_COLLECTION_THRESHOLD
 
@@ -34,11 +35,22 @@ print(json.dumps({"before": before, "after": gc.get_threshold(), "frozen": froze
 """
 
 
-def test_settle_collector_freezes_start_up_and_collects_the_young_less_often() -> None:
+def run_probe(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """What `code`, run in a fresh interpreter, printed last as JSON."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env=env,
     )
-    facts = json.loads(done.stdout)
+    facts: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return facts
+
+
+def test_settle_collector_freezes_start_up_and_collects_the_young_less_often() -> None:
+    facts = run_probe(PROBE)
     assert facts["before"][0] < YOUNG_COLLECTION_THRESHOLD
     assert facts["after"] == [YOUNG_COLLECTION_THRESHOLD, *facts["before"][1:]]
     assert facts["frozen"] > 10_000  # the modules and what importing them built
@@ -75,15 +87,7 @@ def test_the_http_child_settles_its_collector_before_it_serves(tmp_path: Path) -
         "INBOX_DATA_DIR": str(tmp_path),
         "INBOX_LOG_LEVEL": "WARNING",
     }
-    done = subprocess.run(
-        [sys.executable, "-c", HTTP_CHILD_PROBE],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env=env,
-    )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = run_probe(HTTP_CHILD_PROBE, env)
     assert seen["app"] == "InboxApp"  # the app serve builds, about to be served
     assert seen["threshold"][0] == YOUNG_COLLECTION_THRESHOLD
     assert seen["frozen"] > 10_000
