@@ -8,7 +8,6 @@ handlers' own SQLAlchemy and httpx calls become children of the attempt's span.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -229,11 +228,6 @@ def carrier_of(values: Mapping[str, Any] | None) -> dict[str, str] | None:
     if isinstance(state, str) and state:
         carrier["tracestate"] = state
     return carrier
-
-
-def stored(carrier: Carrier | None) -> str | None:
-    """A carrier as the inbox row's `trace_context` column holds it (JSON text)."""
-    return None if carrier is None else json.dumps(dict(carrier), separators=(",", ":"))
 
 
 def _context_of(carrier: Carrier | None) -> Context | None:

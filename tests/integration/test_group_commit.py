@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 import pytest
@@ -32,22 +35,78 @@ def record(committer: GroupCommitter, *ids: str) -> asyncio.Task[list[Recorded]]
     return asyncio.ensure_future(committer.record("s", messages, {}, b"{}", "application/json"))
 
 
-async def held_behind_a_lock(
-    database_url: str, committer: GroupCommitter, *requests: tuple[str, ...]
-) -> list[asyncio.Task[list[Recorded]]]:
-    """Queue `requests` while a first flush is blocked, so they form one batch."""
+@asynccontextmanager
+async def flusher_blocked(database_url: str, committer: GroupCommitter) -> AsyncIterator[None]:
+    """While inside, the lone flusher is stuck on a lock: what is recorded forms one batch."""
     blocker = await asyncpg.connect(asyncpg_dsn(database_url))
     tx = blocker.transaction()
     await tx.start()
     await blocker.execute("LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE")
     first = record(committer, "warm-up")
     await asyncio.sleep(0.2)  # the lone flusher is now stuck on the lock with "warm-up"
-    tasks = [record(committer, *ids) for ids in requests]
+    yield
     await asyncio.sleep(0.1)
     await tx.rollback()
     await blocker.close()
     assert (await first)[0].outcome == "accepted"
-    return tasks
+
+
+async def held_behind_a_lock(
+    database_url: str, committer: GroupCommitter, *requests: tuple[str, ...]
+) -> list[asyncio.Task[list[Recorded]]]:
+    """Queue `requests` while a first flush is blocked, so they form one batch."""
+    async with flusher_blocked(database_url, committer):
+        return [record(committer, *ids) for ids in requests]
+
+
+async def test_each_row_of_a_batch_keeps_its_own_values(
+    database_url: str, committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    # One batch of requests whose every stored value differs, bodies of different lengths
+    # among them: each row must get its own request's values, whatever their order.
+    sent: dict[str, dict[str, Any]] = {
+        f"m{n:02d}": {
+            "event_type": None if n % 4 == 0 else f"type.{n}",
+            "headers": {"x-n": str(n), "x-quote": 'a "b" \\ c'},
+            "body": bytes([n]) * n * 7,
+            "content_type": f"text/x-{n}" if n % 3 else None,
+            "trace_context": {"traceparent": f"00-{n:032x}-{n:016x}-01"} if n % 2 else None,
+            "processed": n % 5 == 0,
+        }
+        for n in range(1, 25)
+    }
+    async with flusher_blocked(database_url, committer):
+        tasks = {
+            message_id: asyncio.ensure_future(
+                committer.record(
+                    "s",
+                    [Message(message_id, v["event_type"], trace_context=v["trace_context"])],
+                    v["headers"],
+                    v["body"],
+                    v["content_type"],
+                    processed=v["processed"],
+                )
+            )
+            for message_id, v in reversed(sent.items())
+        }
+    answered = {message_id: (await task)[0] for message_id, task in tasks.items()}
+
+    rows = await db.fetch(
+        "SELECT id, message_id, event_type, headers, body, content_type, trace_context, status,"
+        " receive_count FROM inbox_messages WHERE message_id <> 'warm-up'"
+    )
+    assert len(rows) == len(sent)
+    for row in rows:
+        v = sent[row["message_id"]]
+        assert answered[row["message_id"]].id == row["id"]
+        assert row["event_type"] == v["event_type"]
+        assert json.loads(row["headers"]) == v["headers"]
+        assert row["body"] == v["body"]
+        assert row["content_type"] == v["content_type"]
+        stored_context = row["trace_context"]
+        assert (stored_context and json.loads(stored_context)) == v["trace_context"]
+        assert row["status"] == ("processed" if v["processed"] else "pending")
+        assert row["receive_count"] == 1
 
 
 async def test_duplicates_inside_one_batch_first_wins_and_counts_are_exact(
