@@ -8,10 +8,15 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 from types import TracebackType
 
 import httpx
+
+# Every server a test has started and still holds: a failed test's report shows their logs
+# (tests/e2e/conftest.py), which the test's temporary directory would otherwise take away.
+STARTED: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 
 def free_port() -> int:
@@ -50,6 +55,8 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self.log = self.log_path.open("wb")
+        self.started_at = time.monotonic()
+        STARTED.add(self)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "service", *self.args],
             env=self.env,
@@ -77,6 +84,9 @@ class ServerProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def kill(self) -> None:
         """SIGKILL: no shutdown handlers, as in a crash."""

@@ -3,12 +3,40 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.pg import create_database, drop_database, scratch_dir, with_database
+from tests.server import STARTED
+
+# The last lines of a server's log that a failed test's report shows.
+LOG_LINES_SHOWN = 80
+_SETUP_STARTED = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_SETUP_STARTED] = time.monotonic()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report ends with the log of every server it ran (started for it, or
+    shared and still running): the server's side of a failure seen only as a client's error.
+    The logs live in the test's temporary directory, which later pytest runs remove."""
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        since = item.stash.get(_SETUP_STARTED, float("inf"))
+        for server in sorted(STARTED, key=lambda s: s.started_at):
+            if server.started_at >= since or server.running():
+                tail = server.output().splitlines()[-LOG_LINES_SHOWN:]
+                report.sections.append((f"server log, port {server.port}", "\n".join(tail)))
+    return report
 
 
 @pytest.fixture
