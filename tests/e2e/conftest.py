@@ -34,7 +34,10 @@ def pytest_runtest_makereport(
         since = item.stash.get(_SETUP_STARTED, float("inf"))
         for server in sorted(STARTED, key=lambda s: s.started_at):
             if server.started_at >= since or server.running():
-                tail = server.output().splitlines()[-LOG_LINES_SHOWN:]
+                try:
+                    tail = server.output().splitlines()[-LOG_LINES_SHOWN:]
+                except OSError as exc:  # its directory is gone already
+                    tail = [f"(log unreadable: {exc})"]
                 report.sections.append((f"server log, port {server.port}", "\n".join(tail)))
     return report
 
