@@ -44,36 +44,40 @@ async def test_a_hostile_delivery_in_a_burst_fails_only_itself(
     server: ServerProcess, db: asyncpg.Connection
 ) -> None:
     limits = httpx.Limits(max_connections=HEALTHY_PER_BURST + 1)
-    async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=30) as client:
+    healthy: list[tuple[httpx.Response, float]] = []
+    for burst, (name, event_type) in enumerate(HOSTILE.items()):
+        # A new client, so new connections, for each burst. Reused ones waited their turn in
+        # httpx's pool (which checks each idle connection for every request it places), and
+        # the bursts spread over seconds; a connection left idle past the server's keep-alive
+        # timeout could then be closed as it was reused, failing a request with ReadError.
+        async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=30) as client:
 
-        async def send(msg_id: str, event_type: str) -> tuple[httpx.Response, float]:
-            started = time.perf_counter()
-            body = json.dumps({"id": msg_id, "type": event_type}).encode()
-            response = await client.post(
-                "/webhooks/open", content=body, headers={"content-type": "application/json"}
-            )
-            return response, time.perf_counter() - started
+            async def send(msg_id: str, event_type: str) -> tuple[httpx.Response, float]:
+                started = time.perf_counter()
+                body = json.dumps({"id": msg_id, "type": event_type}).encode()
+                response = await client.post(
+                    "/webhooks/open", content=body, headers={"content-type": "application/json"}
+                )
+                return response, time.perf_counter() - started
 
-        healthy: list[tuple[httpx.Response, float]] = []
-        for burst, (name, event_type) in enumerate(HOSTILE.items()):
             ids = [f"b{burst}-{i}" for i in range(HEALTHY_PER_BURST)]
             sends = [send(i, "order.created") for i in ids]
             sends.insert(HEALTHY_PER_BURST // 2, send(f"hostile-{burst}", event_type))
             started = time.perf_counter()
             answers = await asyncio.gather(*sends)
             elapsed = time.perf_counter() - started
-            hostile, _ = answers.pop(HEALTHY_PER_BURST // 2)
-            healthy += answers
+        hostile, _ = answers.pop(HEALTHY_PER_BURST // 2)
+        healthy += answers
 
-            assert hostile.status_code == 400, (name, hostile.status_code, hostile.text)
-            assert "event type in the JSON field /type" in hostile.json()["detail"]
-            assert "retry-after" not in hostile.headers
-            statuses = [r.status_code for r, _ in answers]
-            assert statuses == [200] * HEALTHY_PER_BURST, (name, sorted(set(statuses)))
-            print(
-                f"burst {burst} ({name}): {len(answers)} healthy 200 + 1 hostile 400 "
-                f"in {elapsed * 1000:.0f} ms, slowest {max(t for _, t in answers) * 1000:.0f} ms"
-            )
+        assert hostile.status_code == 400, (name, hostile.status_code, hostile.text)
+        assert "event type in the JSON field /type" in hostile.json()["detail"]
+        assert "retry-after" not in hostile.headers
+        statuses = [r.status_code for r, _ in answers]
+        assert statuses == [200] * HEALTHY_PER_BURST, (name, sorted(set(statuses)))
+        print(
+            f"burst {burst} ({name}): {len(answers)} healthy 200 + 1 hostile 400 "
+            f"in {elapsed * 1000:.0f} ms, slowest {max(t for _, t in answers) * 1000:.0f} ms"
+        )
 
     assert {r.json()["status"] for r, _ in healthy} == {"accepted"}
     stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
