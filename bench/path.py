@@ -1,0 +1,290 @@
+"""The HTTP process's own work a delivery, in process: what bench/ingest's cells cannot show on
+a shared machine, where one cell's rate moves by a quarter from one minute to the next.
+
+.venv/bin/python -m bench.path                  # CPU a delivery, three alternating runs
+.venv/bin/python -m bench.path --instructions   # instructions a delivery, under callgrind
+
+Each delivery takes the path a plain delivery takes in `serve`'s HTTP process: the bytes of
+a request, as wrk sends them, into the httptools protocol (`BoundedHttpToolsProtocol`), the
+direct ingest, the source's verification, the group commit's batch (its rows encoded as for
+PostgreSQL), the delivery's log line (INFO, JSON, to /dev/null) and metrics, and the answer
+written. Left out, and the same for every source: the sockets (a transport that keeps what
+is written) and the database (a connection whose `fetch` answers every row inserted), so
+neither the kernel nor PostgreSQL is counted. Connections send one request at a time, like
+wrk's; each round, every connection sends its request again and the round ends when all are
+answered, so a batch holds a request from each.
+
+Instructions (valgrind's callgrind, the difference between two run lengths) are repeatable
+for the same code whatever else the machine is doing: the way to compare two versions of the
+path. CPU seconds are what the instructions cost here and now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvloop
+
+from bench.load import BODY_TEMPLATE, standard_webhooks_signature
+from bench.systems import SOURCES_TOML
+
+SOURCES = ("generic", "standard-webhooks")
+KEY = b"bench-path-key-0123456789"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.path",
+        description="The HTTP process's own CPU (or instructions) a delivery, in process: "
+        "protocol, verification, group-commit encoding, log line and answer, with no socket "
+        "and no database.",
+    )
+    parser.add_argument("--rounds", type=int, default=2000, help="rounds a run (2000)")
+    parser.add_argument(
+        "--connections", type=int, default=16, help="requests a round, one a connection (16)"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="alternating runs a source (3)")
+    parser.add_argument(
+        "--sources", default=",".join(SOURCES), help=f"comma-separated ({', '.join(SOURCES)})"
+    )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions a delivery with valgrind's callgrind instead (slow: about two "
+        "minutes a source)",
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.sources = args.sources.split(",")
+    unknown = [s for s in args.sources if s not in SOURCES]
+    if unknown:
+        parser.error(f"unknown source {', '.join(unknown)}: choose from {', '.join(SOURCES)}")
+    return args
+
+
+class NoDatabase:
+    """The flusher's connection: every row of a batch answered as newly inserted."""
+
+    def __init__(self) -> None:
+        self.next_id = 1
+
+    def is_closed(self) -> bool:
+        return False
+
+    def terminate(self) -> None:
+        pass
+
+    async def fetch(self, query: str, document: str, *args: Any) -> list[dict[str, Any]]:
+        rows = orjson.loads(document)
+        first, self.next_id = self.next_id, self.next_id + len(rows)
+        await asyncio.sleep(0)  # as a real round trip, the answers come on a later turn
+        return [
+            {"id": first + n, "source": r[0], "message_id": r[1], "inserted": True}
+            for n, r in enumerate(rows)
+        ]
+
+
+class KeptTransport(asyncio.Transport):
+    """A connection's socket: keeps nothing but the count of answers written."""
+
+    def __init__(self, answered: Callable[[], None]) -> None:
+        super().__init__()
+        self.answered = answered
+        self.protocol: asyncio.BaseProtocol | None = None
+        self.closing = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not bytes(data[:13]) == b"HTTP/1.1 200 ":
+            raise AssertionError(f"not accepted: {bytes(data[:400])!r}")
+        self.answered()
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self.protocol is not None
+        return self.protocol
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        peers = {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8000)}
+        return peers.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def request_bytes(source: str, n: int) -> bytes:
+    """Request n to `source`, signed, with every header bench/ingest's wrk script sends."""
+    msg_id = f"path-{n}"
+    body = BODY_TEMPLATE.replace("{id}", msg_id)
+    now = int(time.time())
+    signature = standard_webhooks_signature(KEY, msg_id, now, body)
+    return (
+        f"POST /webhooks/{source} HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+        f"Content-Type: application/json\r\nX-Message-Id: {msg_id}\r\n"
+        f"webhook-id: {msg_id}\r\nwebhook-timestamp: {now}\r\n"
+        f"webhook-signature: {signature}\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+
+
+async def run_source(source: str, rounds: int, connections: int) -> float:
+    """CPU seconds a delivery over `rounds` rounds, after two rounds of warm-up."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from service.api.http_protocol import BoundedHttpToolsProtocol
+    from service.app import create_app
+    from service.cli import load
+    from service.serve import uvicorn_options
+
+    settings, inbox, _ = load(role="http")
+    app = create_app(settings, inbox)
+    async with app.router.lifespan_context(app):
+        committer = app.state.inbox.committer
+        database = NoDatabase()
+
+        async def connect() -> NoDatabase:
+            return database
+
+        committer._connect = connect
+        config = Config(app, **uvicorn_options(settings))
+        config.load()
+        server_state = ServerState()
+        loop = asyncio.get_running_loop()
+        waiting = 0
+        all_answered = asyncio.Event()
+
+        def answered() -> None:
+            nonlocal waiting
+            waiting -= 1
+            if waiting == 0:
+                all_answered.set()
+
+        protocols = []
+        for _ in range(connections):
+            transport = KeptTransport(answered)
+            protocol = BoundedHttpToolsProtocol(config, server_state, {}, loop)
+            transport.set_protocol(protocol)
+            protocol.connection_made(transport)
+            protocols.append(protocol)
+        # Each connection sends the same request every round: made once, so that making them
+        # is not counted, and the database stand-in inserts whatever it is given.
+        requests = [request_bytes(source, n) for n in range(connections)]
+
+        async def one_round() -> None:
+            nonlocal waiting
+            waiting = connections
+            all_answered.clear()
+            for protocol, request in zip(protocols, requests, strict=True):
+                protocol.data_received(request)
+            await all_answered.wait()
+
+        for _ in range(2):
+            await one_round()
+        started = time.process_time()
+        for _ in range(rounds):
+            await one_round()
+        seconds = time.process_time() - started
+        for protocol in protocols:
+            protocol.transport.close()
+            protocol.connection_lost(None)
+    return seconds / (rounds * connections)
+
+
+def configure(work: Path) -> None:
+    secret = "whsec_" + base64.b64encode(KEY).decode()
+    (work / "sources.toml").write_text(SOURCES_TOML.format(secret=secret))
+    os.environ.update(
+        INBOX_CONFIG=str(work / "sources.toml"),
+        INBOX_DATA_DIR=str(work / "data"),
+        INBOX_ADMIN_TOKENS="bench-path-admin-token-000000000000",
+        INBOX_LOG_LEVEL="INFO",
+        # Never connected to: the flusher's connection is replaced, and nothing else asks.
+        DATABASE_URL="postgresql+asyncpg://bench@127.0.0.1:1/none",
+    )
+
+
+def child(args: argparse.Namespace) -> None:
+    """One source's run, its log lines to /dev/null and its figure on the first line of
+    stdout."""
+    (source,) = args.sources
+    with tempfile.TemporaryDirectory(prefix="bench-path-") as tmp:
+        configure(Path(tmp))
+        stdout = os.dup(1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        seconds = uvloop.run(run_source(source, args.rounds, args.connections))
+        os.write(stdout, f"{seconds}\n".encode())
+
+
+def run_child(source: str, rounds: int, connections: int, valgrind: str | None) -> str:
+    command = [sys.executable, "-m", "bench.path", "--child", "--sources", source]
+    command += ["--rounds", str(rounds), "--connections", str(connections)]
+    if valgrind is not None:
+        command = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"bench.path child failed ({source}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout + done.stderr
+
+
+def instructions(source: str, args: argparse.Namespace, valgrind: str) -> float:
+    """Instructions a delivery: two runs of different lengths, so start-up cancels out."""
+    counts = []
+    connections: int = args.connections
+    extra: int = max(args.rounds // 40, 20)
+    short, long = 10, 10 + extra
+    for rounds in (short, long):
+        output = run_child(source, rounds, connections, valgrind)
+        found = re.search(r"Collected : (\d+)", output)
+        if found is None:
+            raise SystemExit(f"no instruction count in valgrind's output:\n{output}")
+        counts.append(int(found[1]))
+    return (counts[1] - counts[0]) / ((long - short) * connections)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        child(args)
+        return
+    if args.instructions:
+        valgrind = shutil.which("valgrind")
+        if valgrind is None:
+            raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+        for source in args.sources:
+            count = instructions(source, args, valgrind)
+            print(f"{source:18s} {count:9.0f} instructions a delivery", flush=True)
+        return
+    for run in range(args.runs):
+        for source in args.sources if run % 2 == 0 else reversed(args.sources):
+            output = run_child(source, args.rounds, args.connections, None)
+            seconds = float(output.splitlines()[0])
+            print(f"{source:18s} {seconds * 1e6:6.1f} us of CPU a delivery", flush=True)
+
+
+if __name__ == "__main__":
+    main()
