@@ -157,10 +157,12 @@ async def run_source(source: str, rounds: int, connections: int) -> float:
     from service.api.http_protocol import BoundedHttpToolsProtocol
     from service.app import create_app
     from service.cli import load
+    from service.core.collector import settle_collector
     from service.serve import uvicorn_options
 
     settings, inbox, _ = load(role="http")
     app = create_app(settings, inbox)
+    settle_collector()  # as the HTTP process does once its app is built
     async with app.router.lifespan_context(app):
         committer = app.state.inbox.committer
         database = NoDatabase()
