@@ -98,18 +98,16 @@ class NoDatabase:
 
 
 class KeptTransport(asyncio.Transport):
-    """A connection's socket: keeps nothing but the count of answers written."""
+    """A connection's socket: hands each answer written to `answered`, and keeps nothing."""
 
-    def __init__(self, answered: Callable[[], None]) -> None:
+    def __init__(self, answered: Callable[[bytes], None]) -> None:
         super().__init__()
         self.answered = answered
         self.protocol: asyncio.BaseProtocol | None = None
         self.closing = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not bytes(data[:13]) == b"HTTP/1.1 200 ":
-            raise AssertionError(f"not accepted: {bytes(data[:400])!r}")
-        self.answered()
+        self.answered(bytes(data))
 
     def is_closing(self) -> bool:
         return self.closing
@@ -177,9 +175,14 @@ async def run_source(source: str, rounds: int, connections: int) -> float:
         loop = asyncio.get_running_loop()
         waiting = 0
         all_answered = asyncio.Event()
+        refused: list[bytes] = []
 
-        def answered() -> None:
+        def answered(data: bytes) -> None:
             nonlocal waiting
+            if not data.startswith(b"HTTP/1.1 200 "):
+                refused.append(data)
+                all_answered.set()
+                return
             waiting -= 1
             if waiting == 0:
                 all_answered.set()
@@ -202,13 +205,17 @@ async def run_source(source: str, rounds: int, connections: int) -> float:
             for protocol, request in zip(protocols, requests, strict=True):
                 protocol.data_received(request)
             await all_answered.wait()
+            if refused:
+                raise SystemExit(f"{source}: a delivery was not accepted: {refused[0][:400]!r}")
 
-        for _ in range(2):
-            await one_round()
-        started = time.process_time()
-        for _ in range(rounds):
-            await one_round()
-        seconds = time.process_time() - started
+        # One deadline for the whole run: a delivery that is never answered fails it.
+        async with asyncio.timeout(600):
+            for _ in range(2):
+                await one_round()
+            started = time.process_time()
+            for _ in range(rounds):
+                await one_round()
+            seconds = time.process_time() - started
         for protocol in protocols:
             protocol.transport.close()
             protocol.connection_lost(None)
@@ -229,8 +236,8 @@ def configure(work: Path) -> None:
 
 
 def child(args: argparse.Namespace) -> None:
-    """One source's run, its log lines to /dev/null and its figure on the first line of
-    stdout."""
+    """One source's run, its log lines to /dev/null and its figure (or why it failed) on the
+    first line of stdout."""
     (source,) = args.sources
     with tempfile.TemporaryDirectory(prefix="bench-path-") as tmp:
         configure(Path(tmp))
@@ -238,7 +245,11 @@ def child(args: argparse.Namespace) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        seconds = uvloop.run(run_source(source, args.rounds, args.connections))
+        try:
+            seconds = uvloop.run(run_source(source, args.rounds, args.connections))
+        except SystemExit as refused:  # stderr is /dev/null by now: say why on stdout
+            os.write(stdout, f"{refused}\n".encode())
+            raise SystemExit(1) from None
         os.write(stdout, f"{seconds}\n".encode())
 
 

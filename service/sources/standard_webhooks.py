@@ -186,8 +186,7 @@ class StandardWebhooksSource(Source[SourceConfig]):
                 v1.append(_b64_or_empty(signature))
             elif comma and version == "v1a":
                 v1a.append(_b64_or_empty(signature))
-        checkable_v1 = bool(self.macs and v1)
-        if not checkable_v1 and not (self.public_keys and v1a):
+        if not (self.macs and v1) and not (self.public_keys and v1a):
             raise Unauthenticated(
                 f"webhook-signature has no {' or '.join(self.versions)} signature"
             )

@@ -18,7 +18,7 @@ def test_bench_path_reports_each_sources_cpu_a_delivery() -> None:
         timeout=120,
         check=False,
     )
-    # The child raises (and the run fails) if any answer is not a 200.
+    # A run fails, saying why, if any answer is not a 200 or any delivery goes unanswered.
     assert done.returncode == 0, done.stdout + done.stderr
     figures = dict(re.findall(r"^(\S+)\s+([\d.]+) us of CPU a delivery$", done.stdout, re.M))
     assert set(figures) == {"generic", "standard-webhooks"}
