@@ -8,9 +8,9 @@ library's default also replaces every id that is not a UUID4, which most proxies
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
+from random import getrandbits
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,7 +27,9 @@ def request_id_of(raw_headers: Iterable[tuple[bytes, bytes]]) -> str:
             if _ACCEPTABLE.match(text):
                 return text
             break
-    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
+    # A correlation id, not a secret: 128 bits from `random` (reseeded in every forked child),
+    # a third of os.urandom's cost, which is a system call on every request.
+    return getrandbits(128).to_bytes(16).hex()
 
 
 class RequestIdMiddleware:

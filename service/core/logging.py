@@ -217,6 +217,18 @@ class _Installed:
 
 _installed: _Installed | None = None
 
+# This process's id for `info_event`'s lines: os.getpid() is a system call each time (glibc
+# stopped caching it), and a forked child (serve's HTTP and processing processes) sets its own.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 def _reaches_only(logger: logging.Logger, installed: _Installed) -> bool:
     """Whether a record of `logger` would meet nothing but the installed handler and filter."""
@@ -261,9 +273,7 @@ def info_event(logger: logging.Logger, event: str, fields: dict[str, Any]) -> No
         request_id = REQUEST_ID.get()
         if request_id is not None:
             fields["request_id"] = request_id
-    line = installed.formatter.event_line(
-        time.time(), "INFO", logger.name, event, os.getpid(), fields
-    )
+    line = installed.formatter.event_line(time.time(), "INFO", logger.name, event, _pid, fields)
     installed.handler.hold(line, logging.INFO)
 
 

@@ -145,3 +145,29 @@ def test_an_info_event_is_a_record_when_anything_else_would_see_it() -> None:
     finally:
         logging.getLogger("service").setLevel(logging.NOTSET)
     assert "quiet" not in stream.getvalue()
+
+
+def test_an_info_event_in_a_forked_child_carries_the_childs_pid() -> None:
+    # serve forks its HTTP and processing processes: their lines must not say the parent's pid.
+    import json
+    import os
+
+    from service.core.logging import info_event
+
+    stream = installed_stream("json")
+    log = logging.getLogger("service.ingest")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            info_event(log, "delivery", {"source": "child"})
+            os.write(write, stream.getvalue().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        line = pipe.read().decode()
+    os.waitpid(pid, 0)
+    info_event(log, "delivery", {"source": "parent"})
+    assert json.loads(line)["pid"] == pid
+    assert json.loads(stream.getvalue())["pid"] == os.getpid()
