@@ -68,7 +68,13 @@ async def test_a_handler_blocking_the_loop_past_its_timeout_fails_and_is_named_i
     (attempt,) = await attempts_of(db, "blocker")
     assert attempt["error_type"] == "HandlerTimeout"
     assert await db.fetchval("SELECT count(*) FROM effects") == 0
-    blocked = [r for r in caplog.records if r.getMessage().startswith("event loop blocked")]
+    # On a loaded machine the test process's own loop can also stall for a second outside any
+    # handler (seen once in a full-suite run); the watchdog reports that too, naming no one.
+    blocked = [
+        r
+        for r in caplog.records
+        if r.getMessage().startswith("event loop blocked") and r.__dict__.get("handler")
+    ]
     assert blocked, caplog.text
     assert blocked[0].__dict__["handler"] == "tests.handlers:block_loop"
     assert blocked[0].__dict__["message_id"] == "blocker"
