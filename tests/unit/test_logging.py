@@ -153,21 +153,16 @@ def test_an_info_event_in_a_forked_child_carries_the_childs_pid() -> None:
     import os
 
     from service.core.logging import info_event
+    from tests.forking import in_forked_child
 
     stream = installed_stream("json")
     log = logging.getLogger("service.ingest")
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            info_event(log, "delivery", {"source": "child"})
-            os.write(write, stream.getvalue().encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        line = pipe.read().decode()
-    os.waitpid(pid, 0)
+
+    def log_a_line() -> str:
+        info_event(log, "delivery", {"source": "child"})
+        return stream.getvalue()
+
+    pid, line = in_forked_child(log_a_line)
     info_event(log, "delivery", {"source": "parent"})
     assert json.loads(line)["pid"] == pid
     assert json.loads(stream.getvalue())["pid"] == os.getpid()

@@ -3,10 +3,10 @@ other request, in this process or in a forked sibling, is given."""
 
 from __future__ import annotations
 
-import os
 import re
 
 from service.api.request_id import request_id_of
+from tests.forking import in_forked_child
 
 
 def test_a_sane_sender_id_is_kept_and_an_insane_one_replaced() -> None:
@@ -23,17 +23,7 @@ def test_made_ids_are_128_random_bits_and_do_not_repeat() -> None:
 
 def test_a_forked_child_does_not_make_its_parents_ids() -> None:
     # serve forks its HTTP and processing children from one supervisor: each must draw its own.
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.write(write, "".join(request_id_of([]) for _ in range(100)).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        text = pipe.read().decode()
-    os.waitpid(pid, 0)
+    _, text = in_forked_child(lambda: "".join(request_id_of([]) for _ in range(100)))
     child = {text[i : i + 32] for i in range(0, len(text), 32)}
     parent = {request_id_of([]) for _ in range(100)}
     assert len(child) == 100
