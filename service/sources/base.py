@@ -26,6 +26,16 @@ ALWAYS_SENSITIVE_HEADERS = frozenset(
 )
 
 
+def media_type_of(content_type: str) -> str:
+    """The media type of a Content-Type value: lowercased, without its parameters."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def is_json_media_type(media: str) -> bool:
+    """Whether `media` (from `media_type_of`) is JSON: `application/json` or a `+json` type."""
+    return media == "application/json" or media.endswith("+json")
+
+
 @dataclass(frozen=True)
 class RawDelivery:
     """A delivery as it arrived, before anything has parsed its body."""
@@ -41,7 +51,7 @@ class RawDelivery:
 
     @property
     def media_type(self) -> str:
-        return self.content_type.split(";", 1)[0].strip().lower()
+        return media_type_of(self.content_type)
 
 
 @dataclass(frozen=True)
@@ -254,7 +264,7 @@ def parse_json(body: bytes) -> Any:
 def require_json_media_type(delivery: RawDelivery) -> None:
     """415 unless the request's media type is JSON (`application/json` or `+json`), or absent."""
     media = delivery.media_type
-    if media and media != "application/json" and not media.endswith("+json"):
+    if media and not is_json_media_type(media):
         raise UnsupportedMediaType(f"content type {media!r} is not JSON; this source reads JSON")
 
 

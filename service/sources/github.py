@@ -14,6 +14,7 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     UnsupportedMediaType,
+    is_json_media_type,
     parse_json,
 )
 from service.sources.config import SourceConfig
@@ -77,7 +78,7 @@ class GitHubSource(Source[SourceConfig]):
             if "payload" not in form:
                 raise BadDelivery("form body has no payload field")
             return parse_json(form["payload"][0].encode())
-        if media and media != "application/json" and not media.endswith("+json"):
+        if media and not is_json_media_type(media):
             raise UnsupportedMediaType(
                 f"content type {media!r} is neither application/json nor {FORM}"
             )

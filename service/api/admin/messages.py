@@ -34,6 +34,7 @@ from service.api.security import Admin, AdminDep
 from service.api.state import AppState, StateDep
 from service.core import tracing
 from service.core.schema import Status
+from service.sources.base import is_json_media_type, media_type_of
 from service.store import admin as store
 from service.store.admin import MessageFilter, Position
 
@@ -125,8 +126,7 @@ async def dead_letter_groups(
 
 def decode_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:
     """(payload, None) for a JSON body the detail can carry, else (None, base64 of the bytes)."""
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    if media == "application/json" or media.endswith("+json"):
+    if is_json_media_type(media_type_of(content_type or "")):
         payload = displayable_json(body)
         if payload is not None:
             return payload, None

@@ -25,6 +25,7 @@ from service.api.console.session import (
 from service.api.console.templating import page
 from service.api.security import Admin
 from service.api.state import AppState, StateDep
+from service.sources.base import media_type_of
 
 SIGN_IN_PATH = "/console/sign-in"
 FORM_MAX_BYTES = 64 * 1024  # filters and a token: a few hundred bytes in practice
@@ -117,7 +118,7 @@ async def require_operator(request: Request, state: StateDep) -> Operator:
 async def read_form(request: Request) -> Form:
     """An `application/x-www-form-urlencoded` body (all the console's forms send), bounded.
     Any other body has no fields, so no CSRF token either: the request is refused with 403."""
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    media = media_type_of(request.headers.get("content-type", ""))
     if media != "application/x-www-form-urlencoded":
         return Form([])
     body = bytearray()
