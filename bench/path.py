@@ -16,6 +16,9 @@ counted instead: that `fetch` parses the batch's rows to answer them, about 11 Â
 wrk's; each round, every connection sends its request again and the round ends when all are
 answered, so a batch holds a request from each.
 
+`baseline-A` is bench/ingest's baseline A served the same way: its FastAPI app under uvicorn's
+own httptools protocol, with the bytes of a `generic` delivery.
+
 Instructions (valgrind's callgrind, the difference between two run lengths) are repeatable
 for the same code whatever else the machine is doing: the way to compare two versions of the
 path. CPU seconds are what the instructions cost here and now.
@@ -43,7 +46,10 @@ import uvloop
 from bench.load import BODY_TEMPLATE, standard_webhooks_signature
 from bench.systems import SOURCES_TOML
 
-SOURCES = ("generic", "standard-webhooks")
+SOURCES = ("generic", "standard-webhooks", "baseline-A")
+# Baseline A as bench/ingest serves it: its FastAPI app under uvicorn's own httptools
+# protocol, with the request a `generic` delivery is, and nothing to record.
+BASELINE_A = "baseline-A"
 KEY = b"bench-path-key-0123456789"
 
 
@@ -151,8 +157,9 @@ def request_bytes(source: str, n: int) -> bytes:
 
 async def run_source(source: str, rounds: int, connections: int) -> float:
     """CPU seconds a delivery over `rounds` rounds, after two rounds of warm-up."""
+    if source == BASELINE_A:
+        return await run_baseline_a(rounds, connections)
     from uvicorn.config import Config
-    from uvicorn.server import ServerState
 
     from service.api.http_protocol import BoundedHttpToolsProtocol
     from service.app import create_app
@@ -172,55 +179,77 @@ async def run_source(source: str, rounds: int, connections: int) -> float:
 
         committer._connect = connect
         config = Config(app, **uvicorn_options(settings))
-        config.load()
-        server_state = ServerState()
-        loop = asyncio.get_running_loop()
-        waiting = 0
-        all_answered = asyncio.Event()
-        refused: list[bytes] = []
+        return await run_protocol(config, BoundedHttpToolsProtocol, source, rounds, connections)
 
-        def answered(data: bytes) -> None:
-            nonlocal waiting
-            if not data.startswith(b"HTTP/1.1 200 "):
-                refused.append(data)
-                all_answered.set()
-                return
-            waiting -= 1
-            if waiting == 0:
-                all_answered.set()
 
-        protocols = []
-        for _ in range(connections):
-            transport = KeptTransport(answered)
-            protocol = BoundedHttpToolsProtocol(config, server_state, {}, loop)
-            transport.set_protocol(protocol)
-            protocol.connection_made(transport)
-            protocols.append(protocol)
-        # Each connection sends the same request every round: made once, so that making them
-        # is not counted, and the database stand-in inserts whatever it is given.
-        requests = [request_bytes(source, n) for n in range(connections)]
+async def run_baseline_a(rounds: int, connections: int) -> float:
+    from uvicorn.config import Config
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-        async def one_round() -> None:
-            nonlocal waiting
-            waiting = connections
-            all_answered.clear()
-            for protocol, request in zip(protocols, requests, strict=True):
-                protocol.data_received(request)
-            await all_answered.wait()
-            if refused:
-                raise SystemExit(f"{source}: a delivery was not accepted: {refused[0][:400]!r}")
+    from bench.baselines import noop
 
-        # One deadline for the whole run: a delivery that is never answered fails it.
-        async with asyncio.timeout(600):
-            for _ in range(2):
-                await one_round()
-            started = time.process_time()
-            for _ in range(rounds):
-                await one_round()
-            seconds = time.process_time() - started
-        for protocol in protocols:
-            protocol.transport.close()
-            protocol.connection_lost(None)
+    # The options bench/baselines gives it.
+    config = Config(noop.create_app(), log_config=None, access_log=False, timeout_keep_alive=5)
+    return await run_protocol(config, HttpToolsProtocol, "generic", rounds, connections)
+
+
+async def run_protocol(
+    config: Any, protocol_class: Any, source: str, rounds: int, connections: int
+) -> float:
+    """Serve `rounds` rounds of `connections` requests to `source` through `protocol_class`."""
+    from uvicorn.server import ServerState
+
+    config.load()
+    server_state = ServerState()
+    loop = asyncio.get_running_loop()
+    waiting = 0
+    all_answered = asyncio.Event()
+    refused: list[bytes] = []
+
+    def answered(data: bytes) -> None:
+        nonlocal waiting
+        if not data.startswith(b"HTTP/"):  # uvicorn's own protocol writes the body apart
+            return
+        if not data.startswith(b"HTTP/1.1 200 "):
+            refused.append(data)
+            all_answered.set()
+            return
+        waiting -= 1
+        if waiting == 0:
+            all_answered.set()
+
+    protocols = []
+    for _ in range(connections):
+        transport = KeptTransport(answered)
+        protocol = protocol_class(config, server_state, {}, loop)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        protocols.append(protocol)
+    # Each connection sends the same request every round: made once, so that making them
+    # is not counted, and the database stand-in inserts whatever it is given.
+    requests = [request_bytes(source, n) for n in range(connections)]
+
+    async def one_round() -> None:
+        nonlocal waiting
+        waiting = connections
+        all_answered.clear()
+        for protocol, request in zip(protocols, requests, strict=True):
+            protocol.data_received(request)
+        await all_answered.wait()
+        if refused:
+            raise SystemExit(f"{source}: a delivery was not accepted: {refused[0][:400]!r}")
+
+    # One deadline for the whole run: a delivery that is never answered fails it.
+    async with asyncio.timeout(600):
+        for _ in range(2):
+            await one_round()
+        started = time.process_time()
+        for _ in range(rounds):
+            await one_round()
+        seconds = time.process_time() - started
+    for protocol in protocols:
+        protocol.transport.close()
+        protocol.connection_lost(None)
     return seconds / (rounds * connections)
 
 

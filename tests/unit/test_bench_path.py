@@ -21,5 +21,5 @@ def test_bench_path_reports_each_sources_cpu_a_delivery() -> None:
     # A run fails, saying why, if any answer is not a 200 or any delivery goes unanswered.
     assert done.returncode == 0, done.stdout + done.stderr
     figures = dict(re.findall(r"^(\S+)\s+([\d.]+) us of CPU a delivery$", done.stdout, re.M))
-    assert set(figures) == {"generic", "standard-webhooks"}
+    assert set(figures) == {"generic", "standard-webhooks", "baseline-A"}
     assert all(float(us) > 0 for us in figures.values())
