@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -161,6 +162,11 @@ class LoopBatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(stream)
         self._held: list[str] = []
         self._scheduled = False
+        # The loop and thread whose turn will write the held lines. Known, they spare each
+        # further line of the turn `asyncio.get_running_loop()`, which costs a getpid()
+        # system call in Python 3.11: ingest logs a line a delivery.
+        self._scheduled_on: asyncio.AbstractEventLoop | None = None
+        self._scheduled_thread = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -174,6 +180,13 @@ class LoopBatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         """Write `line`: with the rest of this loop turn's lines at INFO and below, else now."""
         self._held.append(line + self.terminator)
         if level <= logging.INFO:
+            scheduled_on = self._scheduled_on
+            if (
+                scheduled_on is not None
+                and self._scheduled_thread == threading.get_ident()
+                and scheduled_on.is_running()
+            ):
+                return  # the loop running here writes it at the end of this turn
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
@@ -181,6 +194,8 @@ class LoopBatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
             else:
                 if not self._scheduled:
                     self._scheduled = True
+                    self._scheduled_on = loop
+                    self._scheduled_thread = threading.get_ident()
                     loop.call_soon(self.write_held)
                 return
         self.write_held()
@@ -188,6 +203,7 @@ class LoopBatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def write_held(self) -> None:
         with self.lock:  # type: ignore[union-attr]
             self._scheduled = False
+            self._scheduled_on = None
             if not self._held:
                 return
             text = "".join(self._held)

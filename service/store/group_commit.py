@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -84,9 +84,7 @@ class _Entry:
     body: bytes
     content_type: str | None
     processed: bool  # nothing to run: stored `processed`
-    done: asyncio.Future[list[Recorded]] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    done: asyncio.Future[list[Recorded]]
 
 
 def _give_up(done: asyncio.Future[list[Recorded]]) -> None:
@@ -119,7 +117,7 @@ class _Deadlines:
             # (about max_queued at most: `record` refuses beyond it) halves the list at least.
             self._watched = watched = deque(w for w in watched if not w[1].done())
             self._compact_at = 2 * max(self.max_queued, len(watched))
-        loop = asyncio.get_running_loop()
+        loop = done.get_loop()
         watched.append((loop.time() + self.wait_timeout, done))
         if self._timer is None:
             self._timer = loop.call_at(watched[0][0], self._expire)
@@ -178,8 +176,12 @@ class GroupCommitter:
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._deadlines = _Deadlines(wait_timeout, max_queued)
+        # The loop the requests' futures belong to, kept: `asyncio.get_running_loop()` costs
+        # a getpid() system call in Python 3.11, and this is asked once a delivery.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._tasks = [
             asyncio.create_task(self._flush_loop(), name=f"group-commit-{i}")
             for i in range(self.flusher_count)
@@ -232,7 +234,9 @@ class GroupCommitter:
         if self._held + len(messages) > self.max_queued:
             # Backpressure: a database that cannot keep up gets 503s, not an unbounded queue.
             raise StoreOverloaded("too many deliveries waiting for the database")
-        entry = _Entry(source, messages, dict(headers), body, content_type, processed)
+        loop = self._loop or asyncio.get_running_loop()  # not started: no flusher runs yet
+        done: asyncio.Future[list[Recorded]] = loop.create_future()
+        entry = _Entry(source, messages, dict(headers), body, content_type, processed, done)
         self._pending.append(entry)
         self._held += len(messages)
         self._wakeup.set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import threading
 
 from service.core.logging import JsonFormatter, LoopBatchedStreamHandler
 
@@ -69,6 +70,42 @@ def test_off_the_loop_a_line_is_written_at_once() -> None:
     log = logger_with(stream)
     log.info("no loop here")
     assert events(stream) == ["no loop here"]
+
+
+def test_a_line_from_another_thread_is_not_held_for_the_loops_turn() -> None:
+    stream = CountingStream()
+    log = logger_with(stream)
+
+    async def main() -> tuple[list[str], list[str]]:
+        log.info("held")  # the loop's write is now scheduled for the end of this turn
+        thread = threading.Thread(target=log.info, args=("from a thread",))
+        thread.start()
+        thread.join()
+        written = events(stream)
+        await asyncio.sleep(0)
+        return written, events(stream)
+
+    during, after = asyncio.run(main())
+    assert during == ["held", "from a thread"]
+    assert after == during
+
+
+def test_a_line_after_its_loop_stopped_is_not_held_for_a_turn_that_never_comes() -> None:
+    stream = CountingStream()
+    log = logger_with(stream)
+    loop = asyncio.new_event_loop()
+    try:
+
+        def log_and_stop() -> None:
+            log.info("in the last turn")  # schedules a write on the next turn
+            loop.stop()
+
+        loop.call_soon(log_and_stop)
+        loop.run_forever()  # stops before the scheduled write runs
+        log.info("after the loop")
+        assert events(stream) == ["in the last turn", "after the loop"]
+    finally:
+        loop.close()
 
 
 def test_lines_held_when_the_process_shuts_down_are_flushed() -> None:
