@@ -96,10 +96,16 @@ async def read_body(request: Request, limit: int, within_seconds: float) -> byte
 
 
 def stored_headers(source: AnySource, headers: Headers) -> dict[str, str]:
-    """The request headers worth keeping, with every credential and signature value redacted."""
-    return {
-        name: (REDACTED if source.sensitive(name) else value) for name, value in headers.items()
-    }
+    """The request headers worth keeping, with every credential and signature value redacted.
+
+    Read from the raw pairs as `Headers.items()` decodes them (latin-1), without the list of
+    decoded pairs it builds first: a delivery's every header comes this way."""
+    sensitive = source.sensitive
+    kept: dict[str, str] = {}
+    for raw_name, raw_value in headers.raw:
+        name = raw_name.decode("latin-1")
+        kept[name] = REDACTED if sensitive(name) else raw_value.decode("latin-1")
+    return kept
 
 
 class EscapedJSONResponse(JSONResponse):
