@@ -87,6 +87,11 @@ def classify_failure(
     return Failure(Status.RETRYING, "failed", delay, kind, message, tb)
 
 
+# The retry policy of a message whose source is no longer configured (its claim expired after
+# the source was removed): the defaults every kind starts from.
+UNCONFIGURED_POLICY = SourceConfig(kind="unconfigured")
+
+
 def retry_failure(
     attempt: int,
     config: SourceConfig,

@@ -614,13 +614,14 @@ async def record_results(
 
 # Leases whose holder is gone (killed, partitioned, or just too slow): SKIP LOCKED so that
 # several workers reaping at once split them; each is then finished as an abandoned attempt.
+# Of every source, configured in this worker or not: the claim of a source removed from the
+# config since would otherwise show `processing` for good, as no worker claims its rows.
 EXPIRED_LEASES = text(
     """
     SELECT id, source, attempts, budget_start
       FROM inbox_messages
      WHERE status = 'processing'
        AND locked_until < now()
-       AND source = ANY(CAST(:sources AS text[]))
      ORDER BY locked_until
      LIMIT :limit
        FOR UPDATE SKIP LOCKED
@@ -638,12 +639,10 @@ class ExpiredLease:
     budget_start: int
 
 
-async def expired_leases(
-    conn: AsyncConnection, sources: Sequence[str], limit: int
-) -> list[ExpiredLease]:
+async def expired_leases(conn: AsyncConnection, limit: int) -> list[ExpiredLease]:
     """Lock up to `limit` expired leases (in the oldest first order of the lease index)."""
     await conn.execute(NO_SORTS)
-    rows = await conn.execute(EXPIRED_LEASES, {"sources": list(sources), "limit": limit})
+    rows = await conn.execute(EXPIRED_LEASES, {"limit": limit})
     return [ExpiredLease(r.id, r.source, r.attempts, r.budget_start) for r in rows]
 
 

@@ -22,7 +22,7 @@ from service.processing.attempt_spans import run_handlers_traced
 from service.processing.forward import forward_message_traced, lease_seconds
 from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
-from service.processing.policy import failed_attempt, retry_failure
+from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry_failure
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope
 from service.sources.config_file import InboxConfig
 from service.store.claims import (
@@ -442,10 +442,12 @@ class Worker:
         self, message: int, source: str, attempt: int, budget_start: int, now: datetime
     ) -> AttemptResult:
         """Attempt `attempt` of message `message` (its id) never finished: retrying (to run
-        alone next), or dead when out of attempts."""
+        alone next), or dead when out of attempts. A source no longer configured here gets the
+        default retry policy: its message waits, retrying, for a worker that has the source."""
+        pipeline = self.pipelines.get(source)
         failure = retry_failure(
             attempt,
-            self.pipelines[source].config,
+            pipeline.config if pipeline is not None else UNCONFIGURED_POLICY,
             "AttemptNeverFinished",
             NEVER_FINISHED,
             None,
@@ -616,7 +618,7 @@ class Worker:
         """Finish expired claims as unfinished attempts: retrying (run alone next), or dead when
         out of attempts."""
         async with short_transaction(self.engine) as conn:
-            expired = await expired_leases(conn, self.sources, REAP_LIMIT)
+            expired = await expired_leases(conn, REAP_LIMIT)
             now = datetime.now(UTC)
             results = [
                 self._never_finished(

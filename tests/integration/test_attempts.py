@@ -136,6 +136,36 @@ async def test_a_late_attempt_whose_claim_was_reaped_is_fenced_off(
     assert await status_of(db, "m1") == "processing"
 
 
+async def test_an_expired_claim_of_a_source_removed_from_the_config_is_reaped(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    # A message of `gone` was claimed by a worker that died; `gone` has since been removed
+    # from the config, so no worker will ever claim its rows again.
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('gone', 'g1', '{}')"
+    )
+    await insert_messages(db, "m1")
+    settings = Settings(database_url=database_url)
+    engine = create_engine(database_url, settings)
+    pipelines = resolve_pipelines(parse_inbox_config(config("tests.handlers:record")))
+    assert "gone" not in pipelines
+    worker = Worker(engine, database_url, pipelines, WorkerOptions(lease_margin_seconds=0.1))
+    try:
+        await claim_due(engine, {"gone": 0.1, "hooks": 0.1}, 10)
+        await asyncio.sleep(0.3)
+        assert await worker.reap_expired_leases() == 2
+    finally:
+        await engine.dispose()
+    # Not `processing` for good: retrying under the default policy, waiting for a worker that
+    # has the source, its attempt recorded as the one that never finished.
+    for name in ("g1", "m1"):
+        assert await status_of(db, name) == "retrying"
+        (attempt,) = await attempts_of(db, name)
+        assert attempt["outcome"] == "abandoned"
+        assert attempt["error_type"] == "AttemptNeverFinished"
+    assert await db.fetchval("SELECT run_alone FROM inbox_messages WHERE message_id = 'g1'")
+
+
 async def test_a_batch_that_vanished_after_counting_its_attempts_is_counted_then_run_alone(
     client_for: AppFactory, db: asyncpg.Connection, database_url: str
 ) -> None:
