@@ -1,0 +1,162 @@
+"""bench/ingest's verdicts on issue 13's targets come from `bench.report.summarise`: a ratio or a
+rule computed wrongly there would report a target met that was not (or the reverse), whatever
+the cells measured."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bench.report import MIB, render, summarise
+from bench.systems import Cell, Process
+
+ARGS = argparse.Namespace(connections=[32, 128], ids=["unique"])
+
+
+def run(rps: float, p99_ms: float = 10.0, **changes: Any) -> dict[str, Any]:
+    stored = changes.pop("stored", {"checked": True, "ok": True, "missing": 0})
+    return {
+        "rps": rps,
+        "p50_ms": 3.0,
+        "p99_ms": p99_ms,
+        "non_2xx": 0,
+        "socket_errors": 0,
+        "wrapped": 0,
+        "cpu_us_per_request": 90.0,
+        "stored": stored,
+        **changes,
+    }
+
+
+def unstored(rps: float, **changes: Any) -> dict[str, Any]:
+    """A baseline's run: it stores nothing, so nothing is checked."""
+    return run(rps, stored={"checked": False}, **changes)
+
+
+def cells(**runs: list[dict[str, Any]]) -> dict[tuple[str, int, str], Cell]:
+    """`generic_32=[...]` is the runs of target `generic` at 32 connections."""
+    found: dict[tuple[str, int, str], Cell] = {}
+    for key, target_runs in runs.items():
+        name, _, connections = key.rpartition("_")
+        target = name.replace("_", "-")
+        found[(target, int(connections), "unique")] = Cell(
+            target, int(connections), "unique", target_runs
+        )
+    return found
+
+
+def service(peak_mb: int = 100) -> list[Process]:
+    return [Process("service", [], {}, [], peak_rss=[peak_mb * MIB])]
+
+
+def verdicts(summary: dict[str, Any]) -> dict[str, bool | None]:
+    return {t["target"]: t["pass"] for t in summary["targets"]}
+
+
+def passing_cells(**changed: list[dict[str, Any]]) -> dict[tuple[str, int, str], Cell]:
+    """Every target met: `serve` 1.6x A at 32 connections, 1.4x at 128, and so on."""
+    runs = {
+        "baseline_A_32": [unstored(6000)] * 3,
+        "baseline_A_128": [unstored(6000)] * 3,
+        "baseline_B_32": [run(500)] * 3,
+        "baseline_B_128": [run(500)] * 3,
+        "generic_32": [run(9600)] * 3,
+        "generic_128": [run(9600)] * 3,
+        "generic_serve_32": [run(9600)] * 3,
+        "generic_serve_128": [run(8400)] * 3,
+        "standard_webhooks_32": [run(9000)] * 3,
+        "standard_webhooks_128": [run(9000)] * 3,
+    }
+    runs.update(changed)
+    return cells(**runs)
+
+
+def test_every_target_met_passes() -> None:
+    summary = summarise(passing_cells(), service(), ARGS)
+    assert all(v is True for v in verdicts(summary).values()), summary["targets"]
+    assert summary["all_pass"]
+
+
+def test_a_ratio_is_of_the_medians_over_rounds() -> None:
+    # `serve`'s rounds 8000, 9000, 9900 (median 9000) against A's 6000, 6100, 5000 (6000):
+    # 1.5x, though two of the three rounds' own ratios (1.33x, 1.48x) are below it.
+    summary = summarise(
+        passing_cells(
+            generic_serve_32=[run(8000), run(9000), run(9900)],
+            baseline_A_32=[unstored(6000), unstored(6100), unstored(5000)],
+        ),
+        service(),
+        ARGS,
+    )
+    (at_32,) = [r for r in summary["ratios"] if r["connections"] == 32]
+    assert at_32["serve/A"] == 1.5
+    assert verdicts(summary)["default serve >= 1.5x baseline A at 32 conns"] is True
+
+
+def test_serve_below_1_5x_at_32_connections_fails_only_that_target() -> None:
+    summary = summarise(passing_cells(generic_serve_32=[run(8940)] * 3), service(), ARGS)
+    failed = [t for t, ok in verdicts(summary).items() if ok is not True]
+    assert failed == ["default serve >= 1.5x baseline A at 32 conns"]
+    assert not summary["all_pass"]
+    assert "FAIL  default serve >= 1.5x baseline A at 32 conns min 1.49x over 1 cells" in (
+        render(summary)
+    )
+
+
+def test_the_p99_target_takes_each_cells_median_over_rounds() -> None:
+    one_stall = [run(9600, 400.0), run(9600, 12.0), run(9600, 11.0)]
+    summary = summarise(passing_cells(generic_32=one_stall), service(), ARGS)
+    assert verdicts(summary)["service p99 <= 25 ms at 32 connections"] is True
+
+    two_stalls = [run(9600, 400.0), run(9600, 30.0), run(9600, 11.0)]
+    summary = summarise(passing_cells(generic_32=two_stalls), service(), ARGS)
+    assert verdicts(summary)["service p99 <= 25 ms at 32 connections"] is False
+    # 128 connections have no p99 target.
+    summary = summarise(passing_cells(generic_128=two_stalls), service(), ARGS)
+    assert verdicts(summary)["service p99 <= 25 ms at 32 connections"] is True
+
+
+def test_one_failed_request_or_missing_id_in_any_round_fails() -> None:
+    summary = summarise(
+        passing_cells(generic_128=[run(9600), run(9600, non_2xx=1), run(9600)]), service(), ARGS
+    )
+    assert verdicts(summary)["service: zero non-2xx and socket errors"] is False
+
+    lost = {"checked": True, "ok": False, "missing": 2}
+    summary = summarise(
+        passing_cells(standard_webhooks_32=[run(9000), run(9000, stored=lost), run(9000)]),
+        service(),
+        ARGS,
+    )
+    assert verdicts(summary)["service: every acknowledged id stored"] is False
+    assert "2 missing" in render(summary)
+
+
+def test_a_target_with_nothing_measured_is_not_applicable_and_fails_nothing() -> None:
+    only_generic = cells(generic_32=[run(9600)], generic_128=[run(9600)])
+    summary = summarise(only_generic, service(), ARGS)
+    found = verdicts(summary)
+    assert found["default serve >= 1.5x baseline A at 32 conns"] is None
+    assert found["standard-webhooks >= 0.9x generic rps"] is None
+    assert found["service p99 <= 25 ms at 32 connections"] is True
+    assert summary["all_pass"]
+    assert "n/a   default serve >= 1.5x baseline A at 32 conns not measured" in render(summary)
+
+
+def test_the_rss_limit_is_the_service_processes_peak() -> None:
+    summary = summarise(passing_cells(), service(peak_mb=200), ARGS)
+    assert verdicts(summary)["service peak RSS < 200 MB"] is False
+
+
+def test_a_stored_cell_that_ran_out_of_requests_is_invalid() -> None:
+    summary = summarise(
+        passing_cells(
+            generic_32=[run(9600), run(9600, wrapped=5), run(9600)],
+            baseline_A_32=[unstored(6000, wrapped=7)] * 3,
+        ),
+        service(),
+        ARGS,
+    )
+    # A baseline stores nothing, so repeated requests do not void its cells.
+    assert [r["target"] for r in summary["invalid_cells"]] == ["generic"]
+    assert "INVALID" in render(summary)
