@@ -646,6 +646,35 @@ async def expired_leases(conn: AsyncConnection, limit: int) -> list[ExpiredLease
     return [ExpiredLease(r.id, r.source, r.attempts, r.budget_start) for r in rows]
 
 
+# Expired claims of Python handler batches (`inbox_claims`) of sources other than `:sources`.
+# The next batch of a configured source records its own (LOCK_DUE), but no batch comes for a
+# source removed from the config since, and its message would show `processing` for good
+# (SHOWN_STATUS). Locked as LOCK_DUE locks them: a batch that still holds its row, running past
+# its claim, is passed over. `inbox_claims` holds a few hundred rows at most.
+EXPIRED_CLAIMS = text(
+    """
+    SELECT m.id, m.source, m.attempts, m.budget_start
+      FROM inbox_claims AS c
+      JOIN inbox_messages AS m ON m.id = c.message_id AND c.attempt > m.attempts
+     WHERE c.locked_until < now()
+       AND m.status IN ('pending', 'retrying')
+       AND m.source <> ALL(CAST(:sources AS text[]))
+     LIMIT :limit
+       FOR UPDATE OF m SKIP LOCKED
+    """
+)
+
+
+async def expired_claims_of_other_sources(
+    conn: AsyncConnection, sources: Sequence[str], limit: int
+) -> list[ExpiredLease]:
+    """Lock up to `limit` messages with an expired claim whose source is not in `sources`; to
+    be finished with `finish_attempts(..., leased=False)`, which releases their claims."""
+    rows = await conn.execute(EXPIRED_CLAIMS, {"sources": list(sources), "limit": limit})
+    # The claimed attempt is not counted on the row yet: it is the one after `attempts`.
+    return [ExpiredLease(r.id, r.source, r.attempts + 1, r.budget_start) for r in rows]
+
+
 @asynccontextmanager
 async def short_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A transaction for bookkeeping only (no handler runs in it)."""

@@ -33,6 +33,7 @@ from service.store.claims import (
     alone_due,
     batch_transaction,
     claim_due,
+    expired_claims_of_other_sources,
     expired_leases,
     finish_attempts,
     hold_claimed,
@@ -616,17 +617,23 @@ class Worker:
 
     async def reap_expired_leases(self) -> int:
         """Finish expired claims as unfinished attempts: retrying (run alone next), or dead when
-        out of attempts."""
+        out of attempts. Every source's leases; the claims of Python handler batches only for
+        sources not configured here, whose batches would otherwise never record them."""
         async with short_transaction(self.engine) as conn:
-            expired = await expired_leases(conn, REAP_LIMIT)
             now = datetime.now(UTC)
-            results = [
-                self._never_finished(
-                    lease.id, lease.source, lease.attempts, lease.budget_start, now
-                )
-                for lease in expired
-            ]
-            await finish_attempts(conn, results, self.actor, leased=True)
-        if results:
-            log.warning("expired claims reaped", extra={"count": len(results)})
-        return len(results)
+            finished = 0
+            for expired, leased in (
+                (await expired_leases(conn, REAP_LIMIT), True),
+                (await expired_claims_of_other_sources(conn, self.sources, REAP_LIMIT), False),
+            ):
+                results = [
+                    self._never_finished(
+                        lease.id, lease.source, lease.attempts, lease.budget_start, now
+                    )
+                    for lease in expired
+                ]
+                await finish_attempts(conn, results, self.actor, leased=leased)
+                finished += len(results)
+        if finished:
+            log.warning("expired claims reaped", extra={"count": finished})
+        return finished

@@ -12,7 +12,13 @@ from service.core.db import create_engine
 from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import parse_inbox_config
-from service.store.claims import claim_due, hold_claimed, lock_due, record_claims
+from service.store.claims import (
+    SHOWN_STATUS,
+    claim_due,
+    hold_claimed,
+    lock_due,
+    record_claims,
+)
 from service.worker.worker import Worker, WorkerOptions
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
@@ -136,34 +142,46 @@ async def test_a_late_attempt_whose_claim_was_reaped_is_fenced_off(
     assert await status_of(db, "m1") == "processing"
 
 
-async def test_an_expired_claim_of_a_source_removed_from_the_config_is_reaped(
+async def test_expired_claims_of_a_source_removed_from_the_config_are_reaped(
     db: asyncpg.Connection, database_url: str
 ) -> None:
-    # A message of `gone` was claimed by a worker that died; `gone` has since been removed
-    # from the config, so no worker will ever claim its rows again.
-    await db.execute(
-        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('gone', 'g1', '{}')"
-    )
+    # Messages of `gone` were claimed by workers that died, each way a worker claims: g1 with a
+    # lease on its row (as forwards are), g2 by a batch of Python handlers (a claim row, the
+    # message row left `pending`). `gone` has since been removed from the config, so no worker
+    # will ever claim its rows again, nor run a batch that would record g2's claim.
+    gone = "INSERT INTO inbox_messages (source, message_id, body) VALUES ('gone', $1, '{}')"
+    await db.execute(gone, "g1")
     await insert_messages(db, "m1")
     settings = Settings(database_url=database_url)
     engine = create_engine(database_url, settings)
     pipelines = resolve_pipelines(parse_inbox_config(config("tests.handlers:record")))
     assert "gone" not in pipelines
     worker = Worker(engine, database_url, pipelines, WorkerOptions(lease_margin_seconds=0.1))
+    shown = f"SELECT {SHOWN_STATUS} FROM inbox_messages WHERE message_id = $1"
     try:
         await claim_due(engine, {"gone": 0.1, "hooks": 0.1}, 10)
+        await db.execute(gone, "g2")
+        async with engine.connect() as conn:
+            transaction = await conn.begin()
+            batch = await lock_due(conn, ["gone"], 10)
+            await record_claims(engine, batch.rows, {"gone": 0.1}, "test")
+            await transaction.rollback()
+        assert await db.fetchval(shown, "g2") == "processing"
         await asyncio.sleep(0.3)
-        assert await worker.reap_expired_leases() == 2
+        assert await worker.reap_expired_leases() == 3
+        assert await worker.reap_expired_leases() == 0
     finally:
         await engine.dispose()
     # Not `processing` for good: retrying under the default policy, waiting for a worker that
-    # has the source, its attempt recorded as the one that never finished.
-    for name in ("g1", "m1"):
+    # has the source, each attempt recorded as the one that never finished.
+    for name in ("g1", "g2", "m1"):
         assert await status_of(db, name) == "retrying"
+        assert await db.fetchval(shown, name) == "retrying"
         (attempt,) = await attempts_of(db, name)
-        assert attempt["outcome"] == "abandoned"
+        assert (attempt["attempt"], attempt["outcome"]) == (1, "abandoned")
         assert attempt["error_type"] == "AttemptNeverFinished"
-    assert await db.fetchval("SELECT run_alone FROM inbox_messages WHERE message_id = 'g1'")
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 3
+    assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
 
 
 async def test_a_batch_that_vanished_after_counting_its_attempts_is_counted_then_run_alone(
