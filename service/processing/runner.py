@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +56,21 @@ async def handler_scope(
         yield session, await message_savepoints(conn)
     finally:
         await session.close()
+
+
+def session_rollback_bound(
+    session: HandlerSession, isolated: bool
+) -> AbstractAsyncContextManager[object]:
+    """With `isolated`, a SAVEPOINT of the session's own around the message's handlers and
+    flush: a flush that fails (a constraint broken by a staged row, in the inbox's flush, the
+    handler's or an autoflush) makes the session roll back its transaction, and joined
+    "rollback_only", that would be the whole batch's, the messages committed before this one
+    with it. Bounded by the session's savepoint, it undoes this message's statements only, and
+    the message's own savepoint (`MessageSavepoints`) is rolled back after it as for any other
+    failure. Without `isolated`, a failure rolls the batch back whole anyway: nothing."""
+    if isolated:
+        return session.begin_nested()
+    return nullcontext()
 
 
 async def flush_effects(session: HandlerSession, savepoints: MessageSavepoints) -> None:
@@ -263,28 +278,29 @@ async def run_handlers(
     else:
         await savepoints.limit_statements(math.ceil(limit * 1000))
     try:
-        session._handler_running = True
-        try:
-            if deadline is None:
-                await run_within(limit, call_handlers(handlers, message, ctx), savepoints)
-            else:
-                await deadline.run(limit, call_handlers(handlers, message, ctx))
-        except DBAPIError as exc:
-            if sqlstate(exc) == QUERY_CANCELED:  # the savepoint's statement_timeout
-                raise timed_out(limit) from exc
-            raise
-        finally:
-            session._handler_running = False
-        if time.monotonic() - clock > limit:
-            # A handler that blocked the event loop (time.sleep, CPU work) past its limit: no
-            # timer could fire meanwhile, but the limit holds all the same.
-            raise timed_out(limit)
-        if session._commit_refused:
-            # The handler caught the error its commit() raised; its effects are still not ours
-            # to keep, since it believed they were committed on their own.
-            raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
-        if not defer_flush:
-            await flush_effects(session, savepoints)
+        async with session_rollback_bound(session, isolated):
+            session._handler_running = True
+            try:
+                if deadline is None:
+                    await run_within(limit, call_handlers(handlers, message, ctx), savepoints)
+                else:
+                    await deadline.run(limit, call_handlers(handlers, message, ctx))
+            except DBAPIError as exc:
+                if sqlstate(exc) == QUERY_CANCELED:  # the savepoint's statement_timeout
+                    raise timed_out(limit) from exc
+                raise
+            finally:
+                session._handler_running = False
+            if time.monotonic() - clock > limit:
+                # A handler that blocked the event loop (time.sleep, CPU work) past its limit:
+                # no timer could fire meanwhile, but the limit holds all the same.
+                raise timed_out(limit)
+            if session._commit_refused:
+                # The handler caught the error its commit() raised; its effects are still not
+                # ours to keep, since it believed they were committed on their own.
+                raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
+            if not defer_flush:
+                await flush_effects(session, savepoints)
         if isolated:
             savepoints.release()  # kept by the batch's COMMIT
     except Exception as exc:

@@ -379,9 +379,10 @@ class Worker:
         handler fails, the whole transaction rolls back (the effects of the messages before it
         with it) and the batch runs again with a savepoint per message, its failed message
         recorded without running a second time. When the one flush fails, no message is to
-        blame yet: the batch runs optimistically again with a flush per message, which names it
-        (a failing flush of an isolated message would roll back the session, and with it the
-        whole batch). A source whose batch fell back runs isolated for
+        blame yet: the batch runs again isolated, each message's effects flushed in its own
+        savepoint, which names the bad one (`session_rollback_bound` keeps the session's
+        rollback of a failed flush to that message). No handler runs a third time in one
+        attempt. A source whose batch fell back runs isolated for
         `ISOLATE_AFTER_FAILURE_SECONDS`, so failing messages do not make every batch run twice.
         When the transaction itself fails (the database, not a handler), the attempts counted
         are ended as failures (`_end_attempts`).
@@ -395,23 +396,20 @@ class Worker:
 
     async def _run_optimistically(self, claimed: _Claimed) -> int:
         try:
-            try:
-                found = await self._run_batch(claimed, isolated=None, defer_flush=True)
-            except _OptimisticRunFailed as failed:
-                if failed.row is not None:
-                    raise
-                await self._run_batch(claimed, isolated=False)
+            return await self._run_batch(claimed, isolated=None, defer_flush=True)
         except _OptimisticRunFailed as failed:
             rows = claimed.rows
             until = time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
-            if failed.row is None or failed.result is None:  # cannot be, with a flush each
+            if failed.row is None or failed.result is None:
+                # The batch's one flush of its staged effects failed, and no message is to
+                # blame yet. The isolated run flushes each message's effects in its savepoint,
+                # which names the bad one and commits the others: no handler runs a third time.
                 self._isolate_until.update((row.source, until) for row in rows)
                 await self._run_batch(claimed, isolated=True)
             else:
                 self._isolate_until[failed.row.source] = until
                 await self._run_batch(claimed, isolated=True, failed=(failed.row, failed.result))
             return len(rows)
-        return found
 
     def _isolating(self, rows: list[MessageRow]) -> bool:
         now = time.monotonic()
@@ -537,7 +535,7 @@ class Worker:
         except Exception as exc:
             log.warning(
                 "the batch's staged effects failed to flush; "
-                "running it again with a flush per message",
+                "running it again with a savepoint and a flush per message",
                 extra={"error": f"{type(exc).__name__}: {exc}"},
             )
             raise _OptimisticRunFailed(None, None) from exc

@@ -370,8 +370,8 @@ async def test_staged_rows_are_written_once_per_batch_and_a_failing_write_isolat
 ) -> None:
     """Rows staged with `ctx.session.add` (one flush) or `ctx.insert` (one COPY) in an
     optimistic batch are written once at its end; when that write fails, no message is to
-    blame, so the batch runs again with a write per message, which names the bad one; then
-    isolated as after any failure: the others commit once."""
+    blame, so the batch runs again isolated, each message's rows written in its savepoint,
+    which names the bad one: the others commit once, and no handler runs a third time."""
     await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2")
     cfg = config(f"tests.handlers:{handler}", max_attempts=1)
@@ -380,7 +380,7 @@ async def test_staged_rows_are_written_once_per_batch_and_a_failing_write_isolat
     with recorded_calls() as calls:
         async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
             await wait_until(db, FINISHED, 3)
-    assert calls == ["good1", "bad1", "good2", "good1", "bad1", "good1", "good2"]
+    assert calls == ["good1", "bad1", "good2", "good1", "bad1", "good2"]
     effects = await db.fetch("SELECT message_id, attempt FROM effects ORDER BY message_id")
     assert [(e["message_id"], e["attempt"]) for e in effects] == [("good1", 1), ("good2", 1)]
     assert await status_of(db, "bad1") == "dead"
@@ -388,6 +388,33 @@ async def test_staged_rows_are_written_once_per_batch_and_a_failing_write_isolat
     assert attempt["error_type"] == error_type
     assert "source" in attempt["error"]  # the column whose NOT NULL the row broke
     assert await status_of(db, "good1") == "processed"
+
+
+async def test_a_failing_flush_in_an_isolated_batch_fails_only_its_message(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    """For 10 s after a failure, the source's batches run isolated from the start. A staged row
+    whose flush fails there makes the handler session roll back; joined to the batch's
+    transaction, that used to roll back the whole batch (good3 went dead beside bad2). The
+    session's own savepoint bounds it to its message."""
+    await create_effects(db)
+    await insert_messages(db, "good1", "bad1", "good2")
+    cfg = config("tests.handlers:add_effect_null_on_bad", max_attempts=1)
+    with recorded_calls() as calls:
+        async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
+            await wait_until(db, FINISHED, 3)
+            await insert_messages(db, "good3", "bad2", "good4")
+            await wait_until(db, FINISHED, 6)
+    # The second batch ran once, isolated: each handler once.
+    assert calls[-3:] == ["good3", "bad2", "good4"]
+    effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
+    assert [e["message_id"] for e in effects] == ["good1", "good2", "good3", "good4"]
+    for name in ("good1", "good2", "good3", "good4"):
+        assert await status_of(db, name) == "processed"
+    for name in ("bad1", "bad2"):
+        assert await status_of(db, name) == "dead"
+        (attempt,) = await attempts_of(db, name)
+        assert attempt["error_type"] == "sqlalchemy.exc.IntegrityError"
 
 
 async def test_rows_of_a_plain_sqlalchemy_class_commit_with_the_mark_or_not_at_all(
