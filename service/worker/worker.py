@@ -403,9 +403,9 @@ class Worker:
             if failed.row is None or failed.result is None:
                 # The batch's one flush of its staged effects failed, and no message is to
                 # blame yet. The isolated run flushes each message's effects in its savepoint,
-                # which names the bad one and commits the others: no handler runs a third time.
-                self._isolate_until.update((row.source, until) for row in rows)
-                await self._run_batch(claimed, isolated=True)
+                # which names the bad ones and commits the others (no handler runs a third
+                # time); the sources of the bad ones run isolated next.
+                await self._run_batch(claimed, isolated=True, isolate_failed=True)
             else:
                 self._isolate_until[failed.row.source] = until
                 await self._run_batch(claimed, isolated=True, failed=(failed.row, failed.result))
@@ -462,6 +462,7 @@ class Worker:
         isolated: bool | None,
         defer_flush: bool = False,
         failed: tuple[MessageRow, AttemptResult] | None = None,
+        isolate_failed: bool = False,
     ) -> int:
         """One transaction: hold the claims (or claim), run the handlers, record the outcomes,
         commit. The number of messages claimed.
@@ -469,7 +470,8 @@ class Worker:
         `isolated` None: with a savepoint per message if the batch's sources are isolating,
         else without. `failed`: a message whose attempt already failed (in an optimistic run
         rolled back since); its outcome is recorded with the others and its handlers are not
-        run again.
+        run again. `isolate_failed`: the source of each message that fails runs isolated for
+        `ISOLATE_AFTER_FAILURE_SECONDS`.
         """
         async with batch_transaction(self.engine) as conn:
             held, abandoned = await self._hold(conn, claimed)
@@ -509,6 +511,9 @@ class Worker:
                         )
                         if exc is not None and not isolated:
                             raise _OptimisticRunFailed(row, result)
+                        if exc is not None and isolate_failed:
+                            until = time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
+                            self._isolate_until[row.source] = until
                         results.append(result)
                 finally:
                     # A stopper still under way (a message past its limit) ends before the

@@ -11,6 +11,11 @@ import asyncpg
 import pytest
 
 import tests.handlers as handlers
+from service.core.db import create_engine
+from service.core.settings import Settings
+from service.processing.pipeline import resolve_pipelines
+from service.sources.config_file import parse_inbox_config
+from service.worker.worker import Worker
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
     WORKER_SETTINGS,
@@ -19,6 +24,7 @@ from tests.processing_helpers import (
     create_effects,
     delivery,
     insert_messages,
+    source,
     status_of,
     wait_until,
 )
@@ -415,6 +421,36 @@ async def test_a_failing_flush_in_an_isolated_batch_fails_only_its_message(
         assert await status_of(db, name) == "dead"
         (attempt,) = await attempts_of(db, name)
         assert attempt["error_type"] == "sqlalchemy.exc.IntegrityError"
+
+
+async def test_after_a_failed_batch_flush_only_the_bad_messages_source_runs_isolated(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    """A batch holds messages of two sources, and its one flush fails. The isolated run names
+    the bad message; only its source's next batches take a savepoint per message."""
+    await create_effects(db)
+    await insert_messages(db, "good1", "bad1")
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('other', 'fine1', '{}')"
+    )
+    handler = "tests.handlers:add_effect_null_on_bad"
+    inbox = {"sources": {name: source(handler, max_attempts=1) for name in ("hooks", "other")}}
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    worker = Worker(engine, database_url, resolve_pipelines(parse_inbox_config(inbox)))
+    try:
+        with recorded_calls() as calls:
+            assert await worker.run_batch() == 3
+    finally:
+        await engine.dispose()
+    # Optimistic, then isolated: each handler twice.
+    assert sorted(calls) == ["bad1", "bad1", "fine1", "fine1", "good1", "good1"]
+    assert [await status_of(db, m) for m in ("good1", "bad1", "fine1")] == [
+        "processed",
+        "dead",
+        "processed",
+    ]
+    # The worker's own record of which sources run isolated (a savepoint per message).
+    assert set(worker._isolate_until) == {"hooks"}
 
 
 async def test_rows_of_a_plain_sqlalchemy_class_commit_with_the_mark_or_not_at_all(
