@@ -161,10 +161,10 @@ class LoopBatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self._held: list[str] = []
-        self._scheduled = False
-        # The loop and thread whose turn will write the held lines. Known, they spare each
-        # further line of the turn `asyncio.get_running_loop()`, which costs a getpid()
-        # system call in Python 3.11: ingest logs a line a delivery.
+        # The loop and thread whose turn will write the held lines (None: no write is
+        # scheduled). Known, they spare each further line of the turn
+        # `asyncio.get_running_loop()`, which costs a getpid() system call in Python 3.11:
+        # ingest logs a line a delivery.
         self._scheduled_on: asyncio.AbstractEventLoop | None = None
         self._scheduled_thread = 0
 
@@ -192,8 +192,7 @@ class LoopBatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
             except RuntimeError:
                 pass
             else:
-                if not self._scheduled:
-                    self._scheduled = True
+                if self._scheduled_on is None:
                     self._scheduled_on = loop
                     self._scheduled_thread = threading.get_ident()
                     loop.call_soon(self.write_held)
@@ -202,7 +201,6 @@ class LoopBatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def write_held(self) -> None:
         with self.lock:  # type: ignore[union-attr]
-            self._scheduled = False
             self._scheduled_on = None
             if not self._held:
                 return
