@@ -28,6 +28,7 @@ from service.sources.config_file import InboxConfig
 from service.store.claims import (
     RESTORE_PLANS,
     AttemptResult,
+    ExpiredLease,
     MessageRow,
     MessageSavepoints,
     alone_due,
@@ -398,8 +399,6 @@ class Worker:
         try:
             return await self._run_batch(claimed, isolated=None, defer_flush=True)
         except _OptimisticRunFailed as failed:
-            rows = claimed.rows
-            until = time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
             if failed.row is None or failed.result is None:
                 # The batch's one flush of its staged effects failed, and no message is to
                 # blame yet. The isolated run flushes each message's effects in its savepoint,
@@ -407,9 +406,13 @@ class Worker:
                 # time); the sources of the bad ones run isolated next.
                 await self._run_batch(claimed, isolated=True, isolate_failed=True)
             else:
-                self._isolate_until[failed.row.source] = until
+                self._isolate(failed.row.source)
                 await self._run_batch(claimed, isolated=True, failed=(failed.row, failed.result))
-            return len(rows)
+            return len(claimed.rows)
+
+    def _isolate(self, source: str) -> None:
+        """Run `source`'s batches with a savepoint per message for a while, after a failure."""
+        self._isolate_until[source] = time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
 
     def _isolating(self, rows: list[MessageRow]) -> bool:
         now = time.monotonic()
@@ -435,6 +438,14 @@ class Worker:
         return [
             self._never_finished(row.id, row.source, row.attempts + 1, row.budget_start, now)
             for row in rows
+        ]
+
+    def _reaped(self, expired: list[ExpiredLease]) -> list[AttemptResult]:
+        """The outcomes of the reaper's expired claims (`_abandon`'s, for what it found)."""
+        now = datetime.now(UTC)
+        return [
+            self._never_finished(lease.id, lease.source, lease.attempts, lease.budget_start, now)
+            for lease in expired
         ]
 
     def _never_finished(
@@ -512,8 +523,7 @@ class Worker:
                         if exc is not None and not isolated:
                             raise _OptimisticRunFailed(row, result)
                         if exc is not None and isolate_failed:
-                            until = time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
-                            self._isolate_until[row.source] = until
+                            self._isolate(row.source)
                         results.append(result)
                 finally:
                     # A stopper still under way (a message past its limit) ends before the
@@ -623,20 +633,13 @@ class Worker:
         out of attempts. Every source's leases; the claims of Python handler batches only for
         sources not configured here, whose batches would otherwise never record them."""
         async with short_transaction(self.engine) as conn:
-            now = datetime.now(UTC)
-            finished = 0
-            for expired, leased in (
-                (await expired_leases(conn, REAP_LIMIT), True),
-                (await expired_claims_of_other_sources(conn, self.sources, REAP_LIMIT), False),
-            ):
-                results = [
-                    self._never_finished(
-                        lease.id, lease.source, lease.attempts, lease.budget_start, now
-                    )
-                    for lease in expired
-                ]
-                await finish_attempts(conn, results, self.actor, leased=leased)
-                finished += len(results)
+            leases = self._reaped(await expired_leases(conn, REAP_LIMIT))
+            claims = self._reaped(
+                await expired_claims_of_other_sources(conn, self.sources, REAP_LIMIT)
+            )
+            await finish_attempts(conn, leases, self.actor, leased=True)
+            await finish_attempts(conn, claims, self.actor, leased=False)
+        finished = len(leases) + len(claims)
         if finished:
             log.warning("expired claims reaped", extra={"count": finished})
         return finished
