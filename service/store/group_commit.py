@@ -37,17 +37,14 @@ log = logging.getLogger(__name__)
 #   checks on each: nine arrays cost the HTTP process more CPU than one document orjson
 #   writes in a C call (docs/benchmarks.md, "The rows as one JSON document"). Row n is
 #   element n - 1 of the document, read by index, so the rows keep the bodies' order.
-# - ON CONFLICT DO UPDATE, not DO NOTHING plus a later UPDATE: it locks and counts the row
-#   that conflicts even when its inserting transaction committed after this statement's
-#   snapshot was taken, which a separate UPDATE in the same statement would not see.
-#   `xmax = 0` in RETURNING tells the rows this statement inserted from those it updated
+# - `xmax = 0` in RETURNING tells the rows this statement inserted from those it updated
 #   (an updated row carries our own transaction id as its xmax).
 # - A message of a source with nothing to run (no handlers, no forward) is stored `processed`
 #   at once: no worker round, no status change, no index entry rewritten.
 # - pg_notify ($3: the channel), once per batch that inserted a pending row, is sent when
 #   the statement's implicit transaction commits. The scalar subquery makes the otherwise
 #   unreferenced `woken` CTE run; a SELECT CTE nobody reads is never evaluated.
-RECORD_BATCH = """
+_BATCH = """
 WITH written AS (
     INSERT INTO inbox_messages AS m (source, message_id, event_type, headers, body,
                                      content_type, status, processed_at, receive_count,
@@ -58,9 +55,7 @@ WITH written AS (
            (r->6)::int, nullif(r->7, 'null')
       FROM unnest($2::bytea[]) WITH ORDINALITY AS b(body, n)
            CROSS JOIN LATERAL (SELECT $1::jsonb -> (n::int - 1)) AS t(r)
-    ON CONFLICT (source, message_id) DO UPDATE
-       SET receive_count = m.receive_count + EXCLUDED.receive_count,
-           last_received_at = now()
+    ON_CONFLICT
     RETURNING m.id, m.source, m.message_id, m.xmax = 0 AS inserted, m.status = 'pending'
               AS pending
 ), woken AS (
@@ -69,6 +64,28 @@ WITH written AS (
 SELECT id, source, message_id, inserted, (SELECT count(*) FROM woken) AS notified
   FROM written
 """
+
+# The batch with its redeliveries counted. ON CONFLICT DO UPDATE, not DO NOTHING plus a later
+# UPDATE: it locks and counts the row that conflicts even when its inserting transaction
+# committed after this statement's snapshot was taken, which a separate UPDATE in the same
+# statement would not see.
+RECORD_BATCH = _BATCH.replace(
+    "ON_CONFLICT",
+    """ON CONFLICT (source, message_id) DO UPDATE
+       SET receive_count = m.receive_count + EXCLUDED.receive_count,
+           last_received_at = now()""",
+)
+
+# The batch when none of its keys is expected to be stored yet, which is nearly every batch:
+# ON CONFLICT first looks each row's key up in the unique index and only then inserts, which
+# descends the index again; a plain insert descends it once and checks the key there. That
+# is 10-19% of the backend's CPU a row (docs/benchmarks.md, "A plain insert first"). A batch
+# that meets a stored key fails whole and is rolled back; it is written again with
+# RECORD_BATCH, which then writes every batch for CONFLICT_WINDOW_SECONDS, so a sender that
+# redelivers often costs one wasted statement a window, not one a batch.
+INSERT_BATCH = _BATCH.replace("ON_CONFLICT", "")
+DEDUP_KEY = "inbox_messages_source_message_id_key"
+CONFLICT_WINDOW_SECONDS = 10.0
 
 # A deadlock or serialization failure rolls back the whole batch; trying again is safe.
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
@@ -179,6 +196,10 @@ class GroupCommitter:
         # The loop the requests' futures belong to, kept: `asyncio.get_running_loop()` costs
         # a getpid() system call in Python 3.11, and this is asked once a delivery.
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Until when (loop time) batches are written with RECORD_BATCH: a key of one was found
+        # stored shortly before.
+        self._conflicts_until = 0.0
+        self.conflict_retries = 0  # batches written again: their plain insert met a stored key
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -357,6 +378,34 @@ class GroupCommitter:
                     raise
         raise AssertionError("unreachable")
 
+    @property
+    def expects_conflicts(self) -> bool:
+        """Whether batches are written with their redeliveries counted from the start, for a
+        while after one met a key already stored (RECORD_BATCH rather than INSERT_BATCH)."""
+        loop = self._loop
+        return loop is not None and loop.time() < self._conflicts_until
+
+    async def _insert(
+        self, pg: asyncpg.Connection, document: str, bodies: list[bytes]
+    ) -> list[asyncpg.Record]:
+        if not self.expects_conflicts:
+            try:
+                inserted: list[asyncpg.Record] = await pg.fetch(
+                    INSERT_BATCH, document, bodies, NOTIFY_CHANNEL
+                )
+                return inserted
+            except asyncpg.exceptions.UniqueViolationError as exc:
+                if exc.constraint_name != DEDUP_KEY:
+                    raise
+            # A redelivery. The failed statement was rolled back whole: write it again.
+            self.conflict_retries += 1
+            loop = self._loop or asyncio.get_running_loop()
+            self._conflicts_until = loop.time() + CONFLICT_WINDOW_SECONDS
+        written: list[asyncpg.Record] = await pg.fetch(
+            RECORD_BATCH, document, bodies, NOTIFY_CHANNEL
+        )
+        return written
+
     async def _write_once(
         self, pg: asyncpg.Connection, batch: list[_Entry]
     ) -> list[list[Recorded]]:
@@ -396,7 +445,7 @@ class GroupCommitter:
         except orjson.JSONEncodeError as exc:  # text JSON cannot hold (an unpaired surrogate)
             raise ValueError("a value cannot be encoded as JSON") from exc
 
-        written = await pg.fetch(RECORD_BATCH, document, bodies, NOTIFY_CHANNEL)
+        written = await self._insert(pg, document, bodies)
         ids = {(r["source"], r["message_id"]): int(r["id"]) for r in written if r["inserted"]}
 
         results: list[list[Recorded]] = []

@@ -16,6 +16,7 @@ import pytest
 from service.core.db import asyncpg_dsn, create_engine
 from service.core.settings import Settings
 from service.sources.base import Message, Recorded
+from service.store import group_commit
 from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
 from service.store.group_commit import GroupCommitter, _Deadlines
 
@@ -132,6 +133,49 @@ async def test_duplicates_inside_one_batch_first_wins_and_counts_are_exact(
     ids = {r.message_id: r.id for rs in results for r in rs if r.outcome == "accepted"}
     stored = dict(await db.fetch("SELECT message_id, id FROM inbox_messages"))
     assert all(stored[k] == v for k, v in ids.items())
+
+
+async def test_a_batch_meeting_a_stored_key_is_written_again_with_its_redelivery_counted(
+    database_url: str, committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    """Batches are first written with a plain insert; one that meets a stored key fails whole,
+    is written again counting the redelivery, and batches count theirs from the start for a
+    while: a second redelivery is not a second failed statement."""
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('s', 'old', '')"
+    )
+    assert [(await record(committer, "fresh"))[0].outcome] == ["accepted"]
+    assert (committer.conflict_retries, committer.expects_conflicts) == (0, False)
+
+    tasks = await held_behind_a_lock(database_url, committer, ("new-1",), ("old",), ("new-2",))
+    outcomes = [[r.outcome for r in await t] for t in tasks]
+    assert outcomes == [["accepted"], ["duplicate"], ["accepted"]]
+    assert (committer.conflict_retries, committer.expects_conflicts) == (1, True)
+
+    assert [r.outcome for r in await record(committer, "old", "new-3")] == [
+        "duplicate",
+        "accepted",
+    ]
+    assert committer.conflict_retries == 1  # written counting conflicts the first time
+
+    counts = dict(await db.fetch("SELECT message_id, receive_count FROM inbox_messages"))
+    assert counts == {"old": 3, "fresh": 1, "warm-up": 1, "new-1": 1, "new-2": 1, "new-3": 1}
+
+
+async def test_batches_go_back_to_a_plain_insert_when_the_window_ends(
+    committer: GroupCommitter, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(group_commit, "CONFLICT_WINDOW_SECONDS", 0.3)
+    assert (await record(committer, "a"))[0].outcome == "accepted"
+    assert (await record(committer, "a"))[0].outcome == "duplicate"
+    assert (committer.conflict_retries, committer.expects_conflicts) == (1, True)
+    await asyncio.sleep(0.4)
+    assert not committer.expects_conflicts
+    assert (await record(committer, "b"))[0].outcome == "accepted"
+    assert (await record(committer, "b"))[0].outcome == "duplicate"
+    assert committer.conflict_retries == 2
+    counts = dict(await db.fetch("SELECT message_id, receive_count FROM inbox_messages"))
+    assert counts == {"a": 2, "b": 2}
 
 
 # Rows PostgreSQL refuses, each for a different reason, had they got past the sources' checks.
