@@ -55,7 +55,7 @@ class MessageRecord(InboxTable, table=True):
 
     __tablename__ = "inbox_messages"
     __table_args__ = (
-        # The dedup key: ingest's INSERT ... ON CONFLICT DO NOTHING relies on it.
+        # The dedup key: ingest's INSERT fails on it, and its ON CONFLICT counts redeliveries.
         UniqueConstraint("source", "message_id", name="inbox_messages_source_message_id_key"),
         CheckConstraint(
             "length(message_id) BETWEEN 1 AND 512", name="inbox_messages_message_id_check"

@@ -28,9 +28,10 @@ from service.store.notifications import NOTIFY_CHANNEL
 log = logging.getLogger(__name__)
 
 # One statement, autocommitted, is the whole batch: one round trip instead of BEGIN, INSERT,
-# UPDATE, NOTIFY and COMMIT. Rows arrive deduplicated (each key once, with `received`, the
-# number of times the batch holds it) and sorted by (source, message_id), so two batches that
-# share keys lock them in the same order instead of deadlocking.
+# UPDATE, NOTIFY and COMMIT (two when a plain insert meets a stored key: INSERT_BATCH below).
+# Rows arrive deduplicated (each key once, with `received`, the number of times the batch
+# holds it) and sorted by (source, message_id), so two batches that share keys lock them in
+# the same order instead of deadlocking.
 # - The rows come as one JSON document ($1: an array of [source, message_id, event_type,
 #   headers, content_type, done, received, trace_context]) and their bodies as a bytea array
 #   ($2), in the same order. The driver encodes an array parameter element by element, with
@@ -80,11 +81,12 @@ RECORD_BATCH = _BATCH.replace(
 # ON CONFLICT first looks each row's key up in the unique index and only then inserts, which
 # descends the index again; a plain insert descends it once and checks the key there. That
 # is 10-19% of the backend's CPU a row (docs/benchmarks.md, "A plain insert first"). A batch
-# that meets a stored key fails whole and is rolled back; it is written again with
-# RECORD_BATCH, which then writes every batch for CONFLICT_WINDOW_SECONDS, so a sender that
-# redelivers often costs one wasted statement a window, not one a batch.
+# that meets a stored key fails whole and is rolled back (its rows left dead for vacuum); it
+# is written again with RECORD_BATCH, which this committer then uses for every batch for
+# CONFLICT_WINDOW_SECONDS, so a sender that redelivers often costs a failed statement a
+# window, not one a batch. Any unique violation is retried so, whatever the dedup key's
+# constraint is named: another one would fail RECORD_BATCH too, and be a refused row.
 INSERT_BATCH = _BATCH.replace("ON_CONFLICT", "")
-DEDUP_KEY = "inbox_messages_source_message_id_key"
 CONFLICT_WINDOW_SECONDS = 10.0
 
 # A deadlock or serialization failure rolls back the whole batch; trying again is safe.
@@ -394,9 +396,8 @@ class GroupCommitter:
                     INSERT_BATCH, document, bodies, NOTIFY_CHANNEL
                 )
                 return inserted
-            except asyncpg.exceptions.UniqueViolationError as exc:
-                if exc.constraint_name != DEDUP_KEY:
-                    raise
+            except asyncpg.exceptions.UniqueViolationError:
+                pass
             # A redelivery. The failed statement was rolled back whole: write it again.
             self.conflict_retries += 1
             loop = self._loop or asyncio.get_running_loop()

@@ -178,6 +178,21 @@ async def test_batches_go_back_to_a_plain_insert_when_the_window_ends(
     assert counts == {"a": 2, "b": 2}
 
 
+async def test_a_redelivery_is_a_duplicate_whatever_the_dedup_constraint_is_named(
+    committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    # An operator may rebuild the key (CREATE UNIQUE INDEX CONCURRENTLY, then ADD CONSTRAINT
+    # ... USING INDEX) under another name: the failed plain insert must still be retried.
+    await db.execute(
+        "ALTER TABLE inbox_messages RENAME CONSTRAINT inbox_messages_source_message_id_key "
+        "TO inbox_messages_dedup"
+    )
+    assert (await record(committer, "a"))[0].outcome == "accepted"
+    assert (await record(committer, "a"))[0].outcome == "duplicate"
+    assert committer.conflict_retries == 1
+    assert await db.fetchval("SELECT receive_count FROM inbox_messages") == 2
+
+
 # Rows PostgreSQL refuses, each for a different reason, had they got past the sources' checks.
 REFUSED = {
     "id over the CHECK's 512": [Message("x" * 600, "t")],
