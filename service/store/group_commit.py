@@ -82,10 +82,11 @@ RECORD_BATCH = _BATCH.replace(
 # descends the index again; a plain insert descends it once and checks the key there. That
 # is 10-19% of the backend's CPU a row (docs/benchmarks.md, "A plain insert first"). A batch
 # that meets a stored key fails whole and is rolled back (its rows left dead for vacuum); it
-# is written again with RECORD_BATCH, which this committer then uses for every batch for
-# CONFLICT_WINDOW_SECONDS, so a sender that redelivers often costs a failed statement a
-# window, not one a batch. Any unique violation is retried so, whatever the dedup key's
-# constraint is named: another one would fail RECORD_BATCH too, and be a refused row.
+# is written again with RECORD_BATCH, which this committer then uses for every batch until
+# CONFLICT_WINDOW_SECONDS pass without a redelivery, so a sender that keeps redelivering
+# costs one failed statement, not one a batch. Any unique violation is retried so, whatever
+# the dedup key's constraint is named: another one would fail RECORD_BATCH too, and be a
+# refused row.
 INSERT_BATCH = _BATCH.replace("ON_CONFLICT", "")
 CONFLICT_WINDOW_SECONDS = 10.0
 
@@ -198,8 +199,8 @@ class GroupCommitter:
         # The loop the requests' futures belong to, kept: `asyncio.get_running_loop()` costs
         # a getpid() system call in Python 3.11, and this is asked once a delivery.
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Until when (loop time) batches are written with RECORD_BATCH: a key of one was found
-        # stored shortly before.
+        # Until when (loop time) batches are written with RECORD_BATCH: a batch met a stored key
+        # shortly before.
         self._conflicts_until = 0.0
         self.conflict_retries = 0  # batches written again: their plain insert met a stored key
 
@@ -397,14 +398,16 @@ class GroupCommitter:
                 )
                 return inserted
             except asyncpg.exceptions.UniqueViolationError:
-                pass
-            # A redelivery. The failed statement was rolled back whole: write it again.
-            self.conflict_retries += 1
-            loop = self._loop or asyncio.get_running_loop()
-            self._conflicts_until = loop.time() + CONFLICT_WINDOW_SECONDS
+                # A redelivery. The failed statement was rolled back whole: write it again.
+                self.conflict_retries += 1
         written: list[asyncpg.Record] = await pg.fetch(
             RECORD_BATCH, document, bodies, NOTIFY_CHANNEL
         )
+        if not all(row["inserted"] for row in written):
+            # Redeliveries keep the window open: a sender that keeps sending them costs one
+            # failed statement when it starts, not one a window.
+            loop = self._loop or asyncio.get_running_loop()
+            self._conflicts_until = loop.time() + CONFLICT_WINDOW_SECONDS
         return written
 
     async def _write_once(

@@ -178,6 +178,22 @@ async def test_batches_go_back_to_a_plain_insert_when_the_window_ends(
     assert counts == {"a": 2, "b": 2}
 
 
+async def test_redeliveries_keep_the_window_open(
+    committer: GroupCommitter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(group_commit, "CONFLICT_WINDOW_SECONDS", 0.5)
+    await record(committer, "a")
+    await record(committer, "a")  # the plain insert fails: the window opens
+    for _ in range(4):  # 0.2 s apart, each redelivery keeps it open past the first 0.5 s
+        await asyncio.sleep(0.2)
+        assert committer.expects_conflicts
+        assert (await record(committer, "a"))[0].outcome == "duplicate"
+    assert (await record(committer, "fresh"))[0].outcome == "accepted"
+    assert committer.conflict_retries == 1
+    await asyncio.sleep(0.6)  # no redelivery for a whole window
+    assert not committer.expects_conflicts
+
+
 async def test_a_redelivery_is_a_duplicate_whatever_the_dedup_constraint_is_named(
     committer: GroupCommitter, db: asyncpg.Connection
 ) -> None:
