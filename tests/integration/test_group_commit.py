@@ -165,11 +165,11 @@ async def test_a_batch_meeting_a_stored_key_is_written_again_with_its_redelivery
 async def test_batches_go_back_to_a_plain_insert_when_the_window_ends(
     committer: GroupCommitter, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(group_commit, "CONFLICT_WINDOW_SECONDS", 0.3)
+    monkeypatch.setattr(group_commit, "CONFLICT_WINDOW_SECONDS", 1.0)
     assert (await record(committer, "a"))[0].outcome == "accepted"
     assert (await record(committer, "a"))[0].outcome == "duplicate"
     assert (committer.conflict_retries, committer.expects_conflicts) == (1, True)
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(1.1)
     assert not committer.expects_conflicts
     assert (await record(committer, "b"))[0].outcome == "accepted"
     assert (await record(committer, "b"))[0].outcome == "duplicate"
@@ -181,16 +181,16 @@ async def test_batches_go_back_to_a_plain_insert_when_the_window_ends(
 async def test_redeliveries_keep_the_window_open(
     committer: GroupCommitter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(group_commit, "CONFLICT_WINDOW_SECONDS", 0.5)
+    monkeypatch.setattr(group_commit, "CONFLICT_WINDOW_SECONDS", 1.5)
     await record(committer, "a")
     await record(committer, "a")  # the plain insert fails: the window opens
-    for _ in range(4):  # 0.2 s apart, each redelivery keeps it open past the first 0.5 s
-        await asyncio.sleep(0.2)
+    for _ in range(4):  # 0.5 s apart, each redelivery keeps it open past the first 1.5 s
+        await asyncio.sleep(0.5)
         assert committer.expects_conflicts
         assert (await record(committer, "a"))[0].outcome == "duplicate"
     assert (await record(committer, "fresh"))[0].outcome == "accepted"
     assert committer.conflict_retries == 1
-    await asyncio.sleep(0.6)  # no redelivery for a whole window
+    await asyncio.sleep(1.6)  # no redelivery for a whole window
     assert not committer.expects_conflicts
 
 
