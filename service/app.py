@@ -66,6 +66,7 @@ def create_app(
             max_queued=settings.ingest_max_queued,
             wait_timeout=settings.db_timeout_seconds * 2,
             connect_timeout=settings.db_timeout_seconds,
+            on_rewrite=app_metrics.ingest_batch_rewritten,
         )
         app.state.inbox = AppState(
             settings=settings,

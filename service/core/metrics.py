@@ -192,6 +192,13 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.ingest_rewrites = Counter(
+            "webhook_inbox_ingest_batches_rewritten",
+            "Group-commit batches written a second time because their plain INSERT met a "
+            "message already stored (a redelivery); each left one failed statement, a "
+            "unique violation, in PostgreSQL's log.",
+            registry=self.registry,
+        )
         self._delivery_counters: dict[tuple[str, ...], Counter] = {}
         self._ingest_histograms: dict[tuple[str, ...], Histogram] = {}
         # Ingest's counts and durations of the current turn of the event loop, written at its
@@ -271,6 +278,10 @@ class Metrics:
         durations, self._held_durations = self._held_durations, {}
         for source, amounts in durations.items():
             observe_all(_child(self._ingest_histograms, self.ingest_duration, source), amounts)
+
+    def ingest_batch_rewritten(self) -> None:
+        """A group-commit batch met a stored key and was written again counting it."""
+        self.ingest_rewrites.inc()
 
     def attempt_finished(self, source: str, outcome: str, duration_seconds: float) -> None:
         """For the worker: one attempt ended with `outcome` after `duration_seconds`."""

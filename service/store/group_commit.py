@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +184,7 @@ class GroupCommitter:
         max_queued: int = 5000,
         wait_timeout: float = 10.0,
         connect_timeout: float = 5.0,
+        on_rewrite: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.connect_timeout = connect_timeout
@@ -203,6 +204,7 @@ class GroupCommitter:
         # shortly before.
         self._conflicts_until = 0.0
         self.conflict_retries = 0  # batches written again: their plain insert met a stored key
+        self._on_rewrite = on_rewrite  # told of each of them (the metrics)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -400,6 +402,8 @@ class GroupCommitter:
             except asyncpg.exceptions.UniqueViolationError:
                 # A redelivery. The failed statement was rolled back whole: write it again.
                 self.conflict_retries += 1
+                if self._on_rewrite is not None:
+                    self._on_rewrite()
         written: list[asyncpg.Record] = await pg.fetch(
             RECORD_BATCH, document, bodies, NOTIFY_CHANNEL
         )

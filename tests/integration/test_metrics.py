@@ -50,6 +50,8 @@ async def test_metrics_expose_deliveries_latency_statuses_and_backlog(
     assert value(deliveries, source="hooks", outcome="duplicate", reason="") == 1
     assert value(deliveries, source="hooks", outcome="rejected", reason="bad_request") == 1
     assert value(deliveries, source="", outcome="rejected", reason="unknown_source") == 1
+    # The redelivery's plain INSERT met the stored key; its batch was written again, counting.
+    assert value("webhook_inbox_ingest_batches_rewritten_total") == 1
     assert value("webhook_inbox_ingest_duration_seconds_count", source="hooks") == 3
     assert value("webhook_inbox_ingest_duration_seconds_count", source="") == 1
     assert value("webhook_inbox_messages", source="hooks", status="pending") == 2
