@@ -177,10 +177,19 @@ def run_wrk(
         acked=raw["acked"],
         logged=0,
     )
+    read_acks(result, [Path(f"{ack_log}{t}") for t in range(threads)])
+    return result
+
+
+def read_acks(result: LoadResult, logs: list[Path]) -> None:
+    """Read wrk's logs of 2xx answers (each body on a line of its own) into `result`, then
+    delete them: the outcome and message id each answer named, the ids `accepted` more than
+    once, and whether the logs hold all `result.acked` answers wrk counted (the evidence for the
+    stored-ids check). An answer that is not a JSON object naming a message id is counted as
+    a line but not as `logged`, so a service that answered so fails the check."""
     accepted: Counter[str] = Counter()
     lines = 0
-    for t in range(threads):
-        log = Path(f"{ack_log}{t}")
+    for log in logs:
         for entry in log.read_bytes().splitlines():
             lines += 1
             try:
@@ -197,7 +206,5 @@ def run_wrk(
             if outcome == "accepted":
                 accepted[msg_id] += 1
         log.unlink()
-    # The log is the evidence for the stored-ids check: it must hold every 2xx wrk counted.
-    result.log_complete = lines == raw["acked"]
+    result.log_complete = lines == result.acked
     result.accepted_twice = sorted(k for k, n in accepted.items() if n > 1)
-    return result
