@@ -7,6 +7,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import jiter
@@ -45,11 +46,13 @@ class RawDelivery:
     query: Mapping[str, str]
     body: bytes
 
-    @property
+    # Read once each: ingest checks the content type, then most kinds read its media type,
+    # and every read is a walk of the header list.
+    @cached_property
     def content_type(self) -> str:
         return self.headers.get("content-type", "")
 
-    @property
+    @cached_property
     def media_type(self) -> str:
         return media_type_of(self.content_type)
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.sources.base import RawDelivery, Unauthenticated
 from service.sources.config import SourceConfig
-from service.sources.signing import require_match
+from service.sources.signing import KeyedHmac, require_match
 
 _DIGESTS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha512": hashlib.sha512}
 
@@ -46,12 +46,23 @@ class BodyHmacConfig(SourceConfig):
 
 def body_signature(key: bytes, body: bytes, spec: HmacConfig) -> str:
     """The signature text (without prefix) a sender computes over `body`."""
-    digest = hmac.new(key, body, _DIGESTS[spec.algorithm]).digest()
+    return _encoded(hmac.new(key, body, _DIGESTS[spec.algorithm]).digest(), spec)
+
+
+def _encoded(digest: bytes, spec: HmacConfig) -> str:
     return digest.hex() if spec.encoding == "hex" else base64.b64encode(digest).decode()
 
 
-def check_body_hmac(delivery: RawDelivery, spec: HmacConfig, keys: list[bytes]) -> None:
-    """401 unless `spec.header` carries the HMAC of the raw body under one of `keys`."""
+def body_macs(config: BodyHmacConfig) -> list[KeyedHmac]:
+    """The keyed HMAC of each secret, by `[hmac]`'s algorithm; none without an `[hmac]`."""
+    if config.hmac is None:
+        return []
+    digest = _DIGESTS[config.hmac.algorithm]
+    return [KeyedHmac(key, digest) for key in config.secret_values()]
+
+
+def check_body_hmac(delivery: RawDelivery, spec: HmacConfig, macs: list[KeyedHmac]) -> None:
+    """401 unless `spec.header` carries the HMAC of the raw body under one of `macs`' keys."""
     header = delivery.headers.get(spec.header)
     if not header:
         raise Unauthenticated(f"missing {spec.header} header")
@@ -61,7 +72,7 @@ def check_body_hmac(delivery: RawDelivery, spec: HmacConfig, keys: list[bytes]) 
     if spec.encoding == "hex":
         offered = offered.lower()
     require_match(
-        (body_signature(k, delivery.body, spec) for k in keys),
+        (_encoded(mac.digest(delivery.body), spec) for mac in macs),
         [offered],
         f"{spec.header} does not match a configured secret",
     )

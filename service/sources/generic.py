@@ -20,7 +20,7 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
-from service.sources.body_hmac import BodyHmacConfig, body_signature, check_body_hmac
+from service.sources.body_hmac import BodyHmacConfig, body_macs, body_signature, check_body_hmac
 from service.sources.config import Secret, SourceConfig
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
 from service.sources.limits import checked_event_type, checked_message_id
@@ -60,6 +60,10 @@ class GenericSource(Source[GenericConfig]):
     config_model: ClassVar[type[SourceConfig]] = GenericConfig
     redelivery_days = 3.0
 
+    def __init__(self, name: str, config: GenericConfig) -> None:
+        super().__init__(name, config)
+        self.macs = body_macs(config)
+
     def is_sensitive_header(self, name: str) -> bool:
         return super().is_sensitive_header(name) or self.config.is_hmac_header(name)
 
@@ -68,7 +72,7 @@ class GenericSource(Source[GenericConfig]):
         if config.basic_auth is not None:
             self._check_basic_auth(delivery, config.basic_auth.get_secret_value())
         if config.hmac is not None:
-            check_body_hmac(delivery, config.hmac, config.secret_values())
+            check_body_hmac(delivery, config.hmac, self.macs)
 
         needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
         payload: Any = None

@@ -19,7 +19,7 @@ from service.sources.base import (
 )
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, hmac_sha256, require_match
+from service.sources.signing import SignedSourceConfig, hmac_sha256, keyed_macs, require_match
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 DELIVERY_HEADER = "X-GitHub-Delivery"
@@ -42,12 +42,16 @@ class GitHubSource(Source[SourceConfig]):
     # (docs.github.com "Redelivering webhooks"); keep the longer window.
     redelivery_days = 7.0
 
+    def __init__(self, name: str, config: SourceConfig) -> None:
+        super().__init__(name, config)
+        self.macs = keyed_macs(config.secret_values())
+
     async def verify(self, delivery: RawDelivery) -> Messages:
         offered = delivery.headers.get(SIGNATURE_HEADER)
         if not offered:
             raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
         require_match(
-            (github_signature(key, delivery.body) for key in self.config.secret_values()),
+            (PREFIX + mac.digest(delivery.body).hex() for mac in self.macs),
             [offered.strip()],
             f"{SIGNATURE_HEADER} does not match a configured secret",
         )

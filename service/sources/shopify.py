@@ -16,7 +16,7 @@ from service.sources.base import (
 )
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, hmac_sha256, require_match
+from service.sources.signing import SignedSourceConfig, hmac_sha256, keyed_macs, require_match
 
 SIGNATURE_HEADER = "X-Shopify-Hmac-Sha256"
 ID_HEADER = "X-Shopify-Webhook-Id"
@@ -36,6 +36,10 @@ class ShopifySource(Source[SourceConfig]):
     # webhook retry mechanism"); a day leaves room for a delivery that is itself slow to arrive.
     redelivery_days = 1.0
 
+    def __init__(self, name: str, config: SourceConfig) -> None:
+        super().__init__(name, config)
+        self.macs = keyed_macs(config.secret_values())
+
     async def verify(self, delivery: RawDelivery) -> Messages:
         header = delivery.headers.get(SIGNATURE_HEADER)
         if not header:
@@ -45,7 +49,7 @@ class ShopifySource(Source[SourceConfig]):
         except (binascii.Error, ValueError):
             raise Unauthenticated(f"{SIGNATURE_HEADER} is not base64") from None
         require_match(
-            (hmac_sha256(key, delivery.body) for key in self.config.secret_values()),
+            (mac.digest(delivery.body) for mac in self.macs),
             [offered],
             f"{SIGNATURE_HEADER} does not match a configured secret",
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from pydantic import model_validator
 
@@ -22,17 +23,29 @@ def hmac_sha256(key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
-class KeyedHmacSha256:
-    """HMAC-SHA256 under one key, keyed once: each message then costs a copy of the keyed
-    state and one update, not a new HMAC object (1.2 µs a digest against 1.9 here)."""
+class KeyedHmac:
+    """HMAC under one key (SHA-256 unless told), keyed once when a source is made: each
+    message then costs a copy of the keyed state and one update, not a new HMAC object.
 
-    def __init__(self, key: bytes) -> None:
-        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
+    The copy is of the OpenSSL object inside `hmac.HMAC` where there is one: `hmac.HMAC`'s
+    own copy, update and digest are Python methods around it. `timeit`, one 300-byte
+    message: 12.0 µs a digest with `hmac.HMAC`'s methods, 7.7 with the OpenSSL object's (a
+    slow spell of the machine; `hmac.new` per message is slower than either)."""
+
+    def __init__(self, key: bytes, digestmod: Callable[..., Any] = hashlib.sha256) -> None:
+        keyed = hmac.new(key, digestmod=digestmod)
+        self._keyed: Any = getattr(keyed, "_hmac", None) or keyed
 
     def digest(self, message: bytes) -> bytes:
         mac = self._keyed.copy()
         mac.update(message)
-        return mac.digest()
+        digest: bytes = mac.digest()
+        return digest
+
+
+def keyed_macs(keys: Iterable[bytes]) -> list[KeyedHmac]:
+    """An HMAC-SHA256 a key, each keyed once."""
+    return [KeyedHmac(key) for key in keys]
 
 
 def require_match(
@@ -44,7 +57,14 @@ def require_match(
     rotation) or which offered signature matched.
     """
     offers = list(offered)
-    matches = [constant_time_equal(e, o) for e in expected for o in offers]
+    matches = [
+        # Signatures as bytes (most kinds decode theirs) need no encoding first.
+        hmac.compare_digest(e, o)
+        if type(e) is bytes and type(o) is bytes
+        else constant_time_equal(e, o)
+        for e in expected
+        for o in offers
+    ]
     if not any(matches):
         raise Unauthenticated(refusal)
 

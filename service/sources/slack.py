@@ -22,6 +22,7 @@ from service.sources.signing import (
     SignedSourceConfig,
     check_timestamp,
     hmac_sha256,
+    keyed_macs,
     now,
     require_match,
 )
@@ -33,8 +34,11 @@ VERSION = "v0"
 
 def slack_signature(secret: bytes, timestamp: str, body: bytes) -> str:
     """The `X-Slack-Signature` value: `v0=` + hex HMAC-SHA256 of `v0:{timestamp}:{body}`."""
-    base = f"{VERSION}:{timestamp}:".encode() + body
-    return f"{VERSION}=" + hmac_sha256(secret, base).hex()
+    return f"{VERSION}=" + hmac_sha256(secret, _signed(timestamp, body)).hex()
+
+
+def _signed(timestamp: str, body: bytes) -> bytes:
+    return f"{VERSION}:{timestamp}:".encode() + body
 
 
 class SlackSource(Source[SourceConfig]):
@@ -45,6 +49,10 @@ class SlackSource(Source[SourceConfig]):
     # (api.slack.com/apis/events-api#retries). A day is the smallest window worth configuring.
     redelivery_days = 1.0
 
+    def __init__(self, name: str, config: SourceConfig) -> None:
+        super().__init__(name, config)
+        self.macs = keyed_macs(config.secret_values())
+
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
         offered = delivery.headers.get(SIGNATURE_HEADER)
         timestamp = delivery.headers.get(TIMESTAMP_HEADER)
@@ -53,8 +61,9 @@ class SlackSource(Source[SourceConfig]):
         if not timestamp:
             raise Unauthenticated(f"missing {TIMESTAMP_HEADER} header")
         timestamp = timestamp.strip()
+        signed = _signed(timestamp, delivery.body)
         require_match(
-            (slack_signature(key, timestamp, delivery.body) for key in self.config.secret_values()),
+            (f"{VERSION}=" + mac.digest(signed).hex() for mac in self.macs),
             [offered.strip()],
             f"{SIGNATURE_HEADER} does not match a configured secret",
         )
