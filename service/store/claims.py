@@ -16,7 +16,9 @@ from service.core.schema import DUE, Status
 from service.store.errors import translate_errors
 
 
-@dataclass(frozen=True)
+# MessageRow and AttemptResult are made for every message run: slotted, not frozen, since a
+# frozen dataclass sets each field through object.__setattr__ (service/sources/base.py).
+@dataclass(slots=True)
 class MessageRow:
     """A message as the worker (or sync ingest) runs it; `attempts` = attempts made before,
     `budget_start` = attempts made before its current attempt budget began (an admin retry)."""
@@ -34,7 +36,7 @@ class MessageRow:
     budget_start: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AttemptResult:
     """How one attempt ended, to be written to the message row and inbox_attempts."""
 
