@@ -32,7 +32,11 @@ SCHEME = "v1"
 
 def stripe_signature(secret: bytes, timestamp: int, body: bytes) -> str:
     """The `v1` value: hex HMAC-SHA256 of `"{t}.{body}"`, keyed by the whole `whsec_…` string."""
-    return hmac_sha256(secret, f"{timestamp}.".encode() + body).hex()
+    return hmac_sha256(secret, _signed(timestamp, body)).hex()
+
+
+def _signed(timestamp: int, body: bytes) -> bytes:
+    return f"{timestamp}.".encode() + body
 
 
 def stripe_signature_header(secret: bytes, timestamp: int, body: bytes) -> str:
@@ -76,7 +80,7 @@ class StripeSource(Source[SourceConfig]):
             raise Unauthenticated(f"{HEADER} is malformed: expected t=…,v1=…") from None
         if not offered:
             raise Unauthenticated(f"{HEADER} has no {SCHEME} signature")
-        signed = f"{timestamp}.".encode() + delivery.body
+        signed = _signed(timestamp, delivery.body)
         expected = [mac.digest(signed).hex() for mac in self.macs]
         require_match(
             expected, offered, f"no {HEADER} {SCHEME} signature matches a configured secret"
