@@ -19,9 +19,9 @@ answered, so a batch holds a request from each.
 `baseline-A` is bench/ingest's baseline A served the same way: its FastAPI app under uvicorn's
 own httptools protocol, with the bytes of a `generic` delivery.
 
-Instructions (valgrind's callgrind, the difference between two run lengths) are repeatable
-for the same code whatever else the machine is doing: the way to compare two versions of the
-path. CPU seconds are what the instructions cost here and now.
+Instructions (valgrind's callgrind, the difference between two run lengths, under one fixed
+PYTHONHASHSEED) are repeatable for the same code whatever else the machine is doing: the way
+to compare two versions of the path. CPU seconds are what the instructions cost here and now.
 """
 
 from __future__ import annotations
@@ -287,9 +287,14 @@ def child(args: argparse.Namespace) -> None:
 def run_child(source: str, rounds: int, connections: int, valgrind: str | None) -> str:
     command = [sys.executable, "-m", "bench.path", "--child", "--sources", source]
     command += ["--rounds", str(rounds), "--connections", str(connections)]
+    env = None
     if valgrind is not None:
         command = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+        # One hash seed for every counted run: with a random one, str hashes and so the dict
+        # and set probes differ from run to run, and two runs of the same code differed by up
+        # to 16,000 instructions a delivery; with this one, by 13.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"bench.path child failed ({source}):\n{done.stdout}\n{done.stderr}")
     return done.stdout + done.stderr
