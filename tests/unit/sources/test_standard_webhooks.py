@@ -11,9 +11,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from standardwebhooks.webhooks import Webhook
+from starlette.datastructures import Headers
 
 from service.core.settings import ConfigError
 from service.sources import signing, standard_webhooks
+from service.sources.base import Messages, RawDelivery, Unauthenticated
 from service.sources.config_file import parse_inbox_config
 from service.sources.standard_webhooks import decode_secret, sign
 from tests.senders.standard_webhooks import BODY, CONFIG, NEW_SECRET, OLD_SECRET, signed_request
@@ -32,6 +34,40 @@ async def test_one_matching_signature_among_several_verifies() -> None:
     headers["webhook-signature"] = "v1,AAAA v1a,ignored " + headers["webhook-signature"]
     verdict = await messages_of(SOURCE, BODY, headers)
     assert [m.message_id for m in verdict.items] == ["msg_multi"]
+
+
+def as_svix(headers: dict[str, str]) -> dict[str, str]:
+    return {k.replace("webhook-", "svix-"): v for k, v in headers.items()}
+
+
+async def test_svix_header_names_verify() -> None:
+    headers = as_svix(signed_request(NEW_SECRET, "msg_svix", BODY))
+    verdict = await messages_of(SOURCE, BODY, headers)
+    assert [m.message_id for m in verdict.items] == ["msg_svix"]
+
+
+async def test_webhook_headers_win_over_svix_ones_and_an_empty_one_falls_back() -> None:
+    ours = signed_request(NEW_SECRET, "msg_ours", BODY)
+    theirs = as_svix(signed_request(NEW_SECRET, "msg_theirs", BODY))
+    verdict = await messages_of(SOURCE, BODY, {**theirs, **ours})
+    assert [m.message_id for m in verdict.items] == ["msg_ours"]
+    # Each header falls back on its own: an empty webhook-id reads svix-id, the rest stay ours.
+    verdict = await messages_of(SOURCE, BODY, {**ours, "webhook-id": "", "svix-id": "msg_ours"})
+    assert [m.message_id for m in verdict.items] == ["msg_ours"]
+    refusal = await refusal_of(SOURCE, BODY, {**theirs, "webhook-id": "msg_ours"})
+    assert "no webhook-signature matches" in refusal.detail
+
+
+async def test_a_repeated_header_is_read_at_its_first_value() -> None:
+    headers = signed_request(NEW_SECRET, "msg_first", BODY)
+    good = headers["webhook-signature"].encode()
+    raw = [(k.encode(), v.encode()) for k, v in headers.items() if k != "webhook-signature"]
+    first_good = [*raw, (b"webhook-signature", good), (b"webhook-signature", b"v1,AAAA")]
+    first_bad = [*raw, (b"webhook-signature", b"v1,AAAA"), (b"webhook-signature", good)]
+    verdict = await SOURCE.authenticate(RawDelivery("POST", Headers(raw=first_good), {}, BODY))
+    assert isinstance(verdict, Messages)
+    with pytest.raises(Unauthenticated):
+        await SOURCE.authenticate(RawDelivery("POST", Headers(raw=first_bad), {}, BODY))
 
 
 @pytest.mark.parametrize(
