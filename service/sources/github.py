@@ -30,7 +30,11 @@ FORM = "application/x-www-form-urlencoded"
 
 def github_signature(secret: bytes, body: bytes) -> str:
     """The `X-Hub-Signature-256` value GitHub sends for `body`."""
-    return PREFIX + hmac_sha256(secret, body).hex()
+    return _header_value(hmac_sha256(secret, body))
+
+
+def _header_value(digest: bytes) -> str:
+    return PREFIX + digest.hex()
 
 
 class GitHubSource(Source[SourceConfig]):
@@ -51,7 +55,7 @@ class GitHubSource(Source[SourceConfig]):
         if not offered:
             raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
         require_match(
-            (PREFIX + mac.digest(delivery.body).hex() for mac in self.macs),
+            (_header_value(mac.digest(delivery.body)) for mac in self.macs),
             [offered.strip()],
             f"{SIGNATURE_HEADER} does not match a configured secret",
         )

@@ -57,14 +57,7 @@ def require_match(
     rotation) or which offered signature matched.
     """
     offers = list(offered)
-    matches = [
-        # Signatures as bytes (most kinds decode theirs) need no encoding first.
-        hmac.compare_digest(e, o)
-        if type(e) is bytes and type(o) is bytes
-        else constant_time_equal(e, o)
-        for e in expected
-        for o in offers
-    ]
+    matches = [constant_time_equal(e, o) for e in expected for o in offers]
     if not any(matches):
         raise Unauthenticated(refusal)
 

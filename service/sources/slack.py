@@ -34,7 +34,11 @@ VERSION = "v0"
 
 def slack_signature(secret: bytes, timestamp: str, body: bytes) -> str:
     """The `X-Slack-Signature` value: `v0=` + hex HMAC-SHA256 of `v0:{timestamp}:{body}`."""
-    return f"{VERSION}=" + hmac_sha256(secret, _signed(timestamp, body)).hex()
+    return _header_value(hmac_sha256(secret, _signed(timestamp, body)))
+
+
+def _header_value(digest: bytes) -> str:
+    return f"{VERSION}=" + digest.hex()
 
 
 def _signed(timestamp: str, body: bytes) -> bytes:
@@ -63,7 +67,7 @@ class SlackSource(Source[SourceConfig]):
         timestamp = timestamp.strip()
         signed = _signed(timestamp, delivery.body)
         require_match(
-            (f"{VERSION}=" + mac.digest(signed).hex() for mac in self.macs),
+            (_header_value(mac.digest(signed)) for mac in self.macs),
             [offered.strip()],
             f"{SIGNATURE_HEADER} does not match a configured secret",
         )

@@ -138,18 +138,16 @@ _SIGNING_HEADERS = {
 def _signing_headers(delivery: RawDelivery) -> tuple[str, str, str]:
     """The id, timestamp and signature headers ("" where missing), each as `Headers.get`
     reads it (the first of its name), in one walk of the header list instead of three."""
-    found: list[bytes] = [b""] * 6
-    seen = [False] * 6
+    found: list[bytes | None] = [None] * 6
     for name, value in delivery.headers.raw:
         slot = _SIGNING_HEADERS.get(name)
-        if slot is not None and not seen[slot]:
-            seen[slot] = True
+        if slot is not None and found[slot] is None:
             found[slot] = value
     webhook_id, webhook_ts, webhook_sig, svix_id, svix_ts, svix_sig = found
     return (
-        (webhook_id or svix_id).decode("latin-1"),
-        (webhook_ts or svix_ts).decode("latin-1"),
-        (webhook_sig or svix_sig).decode("latin-1"),
+        (webhook_id or svix_id or b"").decode("latin-1"),
+        (webhook_ts or svix_ts or b"").decode("latin-1"),
+        (webhook_sig or svix_sig or b"").decode("latin-1"),
     )
 
 
@@ -214,12 +212,12 @@ class StandardWebhooksSource(Source[SourceConfig]):
                 f"webhook-signature has no {' or '.join(self.versions)} signature"
             )
         content = signed_content(msg_id, timestamp, body)
-        if self.public_keys and v1a and self._ed25519_verifies(v1a, content):
+        if self.public_keys and v1a and self._v1a_verifies(v1a, content):
             return
         expected = [mac.digest(content) for mac in self.macs]
         require_match(expected, v1, "no webhook-signature matches a configured key")
 
-    def _ed25519_verifies(self, offered: list[bytes], content: bytes) -> bool:
+    def _v1a_verifies(self, offered: list[bytes], content: bytes) -> bool:
         # Each one costs an ed25519 verification, before anything is authenticated: a header
         # full of them must not buy a stranger that much CPU. Senders offer one or two.
         ed25519_signatures = [s for s in offered if len(s) == 64][:MAX_V1A_SIGNATURES]
