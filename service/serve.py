@@ -248,6 +248,10 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "http": http_protocol(),
         "h11_max_incomplete_event_size": MAX_REQUEST_HEAD_BYTES,
         "timeout_graceful_shutdown": HTTP_GRACE_SECONDS,
+        # No `Server: uvicorn` on every answer: a receiver facing the open internet need not
+        # name its software and version family to every sender and scanner (OWASP's HTTP
+        # headers guidance); `Date` stays, as RFC 9110 asks of an origin server with a clock.
+        "server_header": False,
     }
 
 

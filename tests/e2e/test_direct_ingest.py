@@ -217,3 +217,26 @@ async def test_request_id_http_1_0_and_requests_the_shortcut_leaves_to_asgi(
         writer.close()
     stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
     assert stored == {"rid-1", "chunked-1", "enc-1", "old-1"}
+
+
+async def test_answers_carry_a_date_but_do_not_name_the_server_software(
+    server: ServerProcess, database_url: str
+) -> None:
+    chunked = (
+        b"POST /webhooks/s?token=t0ken HTTP/1.1\r\nHost: x\r\nX-Id: chunked-2\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    )
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        answers = {}
+        # Served directly, then through the ASGI route, then by another ASGI route.
+        for name, raw in {"direct": request("srv-1"), "asgi": chunked, "health": health}.items():
+            writer.write(raw)
+            answers[name] = await read_answer(reader)
+    finally:
+        writer.close()
+    for name, (status, headers, _) in answers.items():
+        assert status == 200, name
+        assert "server" not in headers, name
+        assert headers["date"].endswith(" GMT"), name
