@@ -3,6 +3,7 @@ a shared machine, where one cell's rate moves by a quarter from one minute to th
 
 .venv/bin/python -m bench.path                  # CPU a delivery, three alternating runs
 .venv/bin/python -m bench.path --instructions   # instructions a delivery, under callgrind
+.venv/bin/python -m bench.path --instructions --by-library   # split by the library that ran them
 
 Each delivery takes the path a plain delivery takes in `serve`'s HTTP process: the bytes of
 a request, as wrk sends them, into the httptools protocol (`BoundedHttpToolsProtocol`), the
@@ -74,8 +75,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="count instructions a delivery with valgrind's callgrind instead (slow: about two "
         "minutes a source)",
     )
+    parser.add_argument(
+        "--by-library",
+        action="store_true",
+        help="with --instructions: also split each source's instructions a delivery by the "
+        "library (shared object) that ran them, a column a source",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.by_library and not args.instructions:
+        parser.error("--by-library counts instructions: give --instructions too")
     args.sources = args.sources.split(",")
     unknown = [s for s in args.sources if s not in SOURCES]
     if unknown:
@@ -284,12 +293,20 @@ def child(args: argparse.Namespace) -> None:
         os.write(stdout, f"{seconds}\n".encode())
 
 
-def run_child(source: str, rounds: int, connections: int, valgrind: str | None) -> str:
+def run_child(
+    source: str,
+    rounds: int,
+    connections: int,
+    valgrind: str | None,
+    profile: Path | None = None,
+) -> str:
+    """One child run; under callgrind when `valgrind` is given, its profile kept in `profile`."""
     command = [sys.executable, "-m", "bench.path", "--child", "--sources", source]
     command += ["--rounds", str(rounds), "--connections", str(connections)]
     env = None
     if valgrind is not None:
-        command = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]
+        out = "/dev/null" if profile is None else str(profile)
+        command = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", *command]
         # One hash seed for every counted run: with a random one, str hashes and so the dict
         # and set probes differ from run to run, and runs of the same code differed by up to
         # 16,000 instructions a delivery; with this one, by at most 550 in four runs.
@@ -300,19 +317,79 @@ def run_child(source: str, rounds: int, connections: int, valgrind: str | None) 
     return done.stdout + done.stderr
 
 
-def instructions(source: str, args: argparse.Namespace, valgrind: str) -> float:
-    """Instructions a delivery: two runs of different lengths, so start-up cancels out."""
+def by_library(profile: Path) -> dict[str, int]:
+    """A callgrind profile's instructions by the shared object that ran them (self cost).
+
+    Read from callgrind's own format: a cost line counts for the object of the function it
+    is in (`ob=`), except the line after `calls=`, which is the callee's inclusive cost.
+    Objects and files are named once and then referred to by their number, `(n)`.
+    """
+    names: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    current = "?"
+    after_call = False
+    with profile.open() as lines:
+        for line in lines:
+            if after_call:
+                after_call = False
+            elif line[:1].isdigit() or line[:1] in "+-*":
+                counts[current] = counts.get(current, 0) + int(line.split()[-1])
+            elif line.startswith(("ob=", "cob=")):
+                number, _, name = line.partition("=")[2].strip().partition(" ")
+                if name:
+                    names[number] = name
+                if line.startswith("ob="):
+                    current = names.get(number, number)
+            elif line.startswith("calls="):
+                after_call = True
+    return counts
+
+
+def instructions(
+    source: str, args: argparse.Namespace, valgrind: str
+) -> tuple[float, dict[str, float]]:
+    """Instructions a delivery, and (with --by-library) their split by library: two runs of
+    different lengths, so start-up cancels out."""
     counts = []
+    libraries: list[dict[str, int]] = []
     connections: int = args.connections
     extra: int = max(args.rounds // 40, 20)
     short, long = 10, 10 + extra
-    for rounds in (short, long):
-        output = run_child(source, rounds, connections, valgrind)
-        found = re.search(r"Collected : (\d+)", output)
-        if found is None:
-            raise SystemExit(f"no instruction count in valgrind's output:\n{output}")
-        counts.append(int(found[1]))
-    return (counts[1] - counts[0]) / ((long - short) * connections)
+    deliveries = (long - short) * connections
+    with tempfile.TemporaryDirectory(prefix="bench-path-callgrind-") as tmp:
+        for rounds in (short, long):
+            profile = Path(tmp) / f"{rounds}.out" if args.by_library else None
+            output = run_child(source, rounds, connections, valgrind, profile)
+            found = re.search(r"Collected : (\d+)", output)
+            if found is None:
+                raise SystemExit(f"no instruction count in valgrind's output:\n{output}")
+            counts.append(int(found[1]))
+            if profile is not None:
+                libraries.append(by_library(profile))
+    split: dict[str, float] = {}
+    if libraries:
+        before, after = libraries
+        for name in before.keys() | after.keys():
+            split[Path(name).name] = (after.get(name, 0) - before.get(name, 0)) / deliveries
+    return (counts[1] - counts[0]) / deliveries, split
+
+
+def print_libraries(splits: dict[str, dict[str, float]], shown: int = 10) -> None:
+    """The split by library, a column a source, the largest first; the rest summed."""
+    sources = list(splits)
+    names = sorted(
+        {name for split in splits.values() for name in split},
+        key=lambda name: -max(abs(split.get(name, 0.0)) for split in splits.values()),
+    )
+    print(f"\n{'library':44s}" + "".join(f"{source:>19s}" for source in sources))
+    for name in names[:shown]:
+        cells = "".join(f"{splits[source].get(name, 0.0):19,.0f}" for source in sources)
+        print(f"{name[:44]:44s}{cells}")
+    rest = "".join(
+        f"{sum(splits[source].get(name, 0.0) for name in names[shown:]):19,.0f}"
+        for source in sources
+    )
+    print(f"{'(the others)':44s}{rest}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -324,9 +401,12 @@ def main(argv: list[str] | None = None) -> None:
         valgrind = shutil.which("valgrind")
         if valgrind is None:
             raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+        splits: dict[str, dict[str, float]] = {}
         for source in args.sources:
-            count = instructions(source, args, valgrind)
+            count, splits[source] = instructions(source, args, valgrind)
             print(f"{source:18s} {count:9.0f} instructions a delivery", flush=True)
+        if args.by_library:
+            print_libraries(splits)
         return
     for run in range(args.runs):
         for source in args.sources if run % 2 == 0 else reversed(args.sources):

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.path import by_library
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,3 +25,60 @@ def test_bench_path_reports_each_sources_cpu_a_delivery() -> None:
     figures = dict(re.findall(r"^(\S+)\s+([\d.]+) us of CPU a delivery$", done.stdout, re.M))
     assert set(figures) == {"generic", "standard-webhooks", "baseline-A"}
     assert all(float(us) > 0 for us in figures.values())
+
+
+# A callgrind profile as callgrind writes one: objects named once, then by number; a callee's
+# object named first in a `cob=` line; a call's inclusive cost on the line after `calls=`.
+PROFILE = """\
+# callgrind format
+version: 1
+positions: line
+events: Ir
+summary: 117
+
+ob=(1) /usr/lib/libpython3.11.so.1.0
+fl=(1) ceval.c
+fn=(1) eval
+10 50
++2 7
+cob=(2) /usr/lib/x86_64-linux-gnu/libcrypto.so.3
+cfi=(2) sha.c
+cfn=(2) sha256
+calls=3 +5
+* 40
+-1 10
+
+ob=(2)
+fl=(2)
+fn=(2)
+5 40
+
+ob=(3) /venv/jiter.cpython-311-x86_64-linux-gnu.so
+fl=(3) parse.rs
+fn=(3) parse
+* 10
+"""
+
+
+def test_by_library_counts_each_objects_own_instructions_once(tmp_path: Path) -> None:
+    profile = tmp_path / "callgrind.out"
+    profile.write_text(PROFILE)
+    assert by_library(profile) == {
+        "/usr/lib/libpython3.11.so.1.0": 67,  # its own lines; the call's 40 are sha256's
+        "/usr/lib/x86_64-linux-gnu/libcrypto.so.3": 40,
+        "/venv/jiter.cpython-311-x86_64-linux-gnu.so": 10,
+    }
+    assert sum(by_library(profile).values()) == 117  # the profile's summary
+
+
+def test_by_library_needs_instructions() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.path", "--by-library"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--by-library counts instructions" in done.stderr
