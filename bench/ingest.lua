@@ -5,7 +5,8 @@
 --   DUP_FRACTION  chance that a request repeats one this thread sent before (0 or 0.5)
 --   ACK_LOG..N    per thread: the body of each 2xx answer, a line each
 --   BODY_TEMPLATE the body, with {id} where the message id goes (as the signer saw it)
--- done() prints one line "BENCH_RESULT {json}" with wrk's totals, latency and our counters.
+-- done() prints one line "BENCH_RESULT {json}" with wrk's totals, latency, our counters and
+-- wrk's own CPU while it loaded the server (cpu_us).
 
 local threads = {}
 local thread_count = 0
@@ -36,6 +37,9 @@ function init(args)
   ack_log:setvbuf("full", 1048576)
   next_new, wrapped, acked, non_2xx = 1, 0, 0, 0
   math.randomseed(1000 + tid)
+  -- wrk's CPU so far (os.clock is the whole process's, every thread's): done() counts from
+  -- the later thread's end of init, so reading the requests in is not the load's cost.
+  init_cpu = os.clock()
 end
 
 function request()
@@ -65,17 +69,19 @@ end
 
 function done(summary, latency, requests)
   local totals = { acked = 0, non_2xx = 0, wrapped = 0 }
+  local loaded_from = 0
   for _, thread in ipairs(threads) do
     for name, _ in pairs(totals) do
       totals[name] = totals[name] + thread:get(name)
     end
+    loaded_from = math.max(loaded_from, thread:get("init_cpu"))
   end
   local e = summary.errors
   io.write(string.format(
     'BENCH_RESULT {"requests":%d,"duration_us":%d,"connect_errors":%d,"read_errors":%d,' ..
     '"write_errors":%d,"timeouts":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"max_us":%d,' ..
-    '"acked":%d,"non_2xx":%d,"wrapped":%d}\n',
+    '"acked":%d,"non_2xx":%d,"wrapped":%d,"cpu_us":%d}\n',
     summary.requests, summary.duration, e.connect, e.read, e.write, e.timeout,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max,
-    totals.acked, totals.non_2xx, totals.wrapped))
+    totals.acked, totals.non_2xx, totals.wrapped, math.floor((os.clock() - loaded_from) * 1e6)))
 end

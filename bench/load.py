@@ -103,10 +103,17 @@ class LoadResult:
     acked_ids: set[str] = field(default_factory=set)
     accepted_twice: list[str] = field(default_factory=list)
     log_complete: bool = True
+    # wrk's own CPU seconds while it loaded the server (from its threads' end of init): the
+    # client's share of a machine whose cores it shares with the server.
+    client_cpu_s: float = 0.0
 
     @property
     def rps(self) -> float:
         return self.requests / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def client_cpu_us_per_request(self) -> float:
+        return self.client_cpu_s / max(self.requests, 1) * 1e6
 
     def summary(self) -> dict[str, object]:
         return {
@@ -125,6 +132,7 @@ class LoadResult:
             "outcomes": dict(self.outcomes),
             "accepted_twice": len(self.accepted_twice),
             "ack_log_complete": self.log_complete,
+            "wrk_cpu_us_per_request": round(self.client_cpu_us_per_request, 1),
         }
 
 
@@ -176,6 +184,7 @@ def run_wrk(
         wrapped=raw["wrapped"],
         acked=raw["acked"],
         logged=0,
+        client_cpu_s=raw["cpu_us"] / 1e6,
     )
     read_acks(result, [Path(f"{ack_log}{t}") for t in range(threads)])
     return result

@@ -27,6 +27,11 @@ def progress_line(target: str, connections: int, mode: str, run: dict[str, Any])
             else ""
         )
         + (
+            f"  wrk {run['wrk_cpu_us_per_request']:.0f} us/req"
+            if "wrk_cpu_us_per_request" in run
+            else ""
+        )
+        + (
             f"  RAN OUT OF REQUESTS ({run['wrapped']})"
             if run["wrapped"] and stored["checked"]
             else ""
@@ -51,6 +56,11 @@ def _cell_summary(cell: Cell) -> dict[str, Any]:
         "pg_cpu_us_per_request": (
             statistics.median(r["pg_cpu_us_per_request"] for r in runs)
             if all("pg_cpu_us_per_request" in r for r in runs)
+            else None
+        ),
+        "wrk_cpu_us_per_request": (
+            statistics.median(r["wrk_cpu_us_per_request"] for r in runs)
+            if all("wrk_cpu_us_per_request" in r for r in runs)
             else None
         ),
         "non_2xx": sum(r["non_2xx"] for r in runs),
@@ -158,18 +168,20 @@ def _fmt(value: float | None, spec: str = ".2f", suffix: str = "x") -> str:
 def render(summary: dict[str, Any]) -> str:
     lines = [
         "system             conns  ids     req/s    p50 ms   p99 ms  non-2xx  errors  stored"
-        "  CPU us/req  PG us/req",
+        "  CPU us/req  PG us/req  wrk us/req",
         "-----------------  -----  ------  -------  -------  -------  -------  ------  ------"
-        "  ----------  ---------",
+        "  ----------  ---------  ----------",
     ]
     for r in summary["rows"]:
         stored = "-" if r["stored"] is None else ("ok" if r["stored"] else "MISSING")
         pg = r.get("pg_cpu_us_per_request")
+        client = r.get("wrk_cpu_us_per_request")
         lines.append(
             f"{r['target']:<17}  {r['connections']:>5}  {r['mode']:<6}  {r['rps']:>7.0f}  "
             f"{r['p50_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {r['non_2xx']:>7}  "
             f"{r['socket_errors']:>6}  {stored:>6}  {r['cpu_us_per_request']:>10.0f}"
             f"  {'-' if pg is None else f'{pg:.0f}':>9}"
+            f"  {'-' if client is None else f'{client:.0f}':>10}"
         )
     lines += [
         "",

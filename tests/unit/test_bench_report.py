@@ -160,3 +160,24 @@ def test_a_stored_cell_that_ran_out_of_requests_is_invalid() -> None:
     # A baseline stores nothing, so repeated requests do not void its cells.
     assert [r["target"] for r in summary["invalid_cells"]] == ["generic"]
     assert "INVALID" in render(summary)
+
+
+def test_the_clients_cpu_is_the_median_over_rounds_and_shown_where_measured() -> None:
+    summary = summarise(
+        passing_cells(
+            generic_32=[
+                run(9600, wrk_cpu_us_per_request=14.0),
+                run(9600, wrk_cpu_us_per_request=30.0),
+                run(9600, wrk_cpu_us_per_request=16.0),
+            ]
+        ),
+        service(),
+        ARGS,
+    )
+    rows = {(r["target"], r["connections"]): r for r in summary["rows"]}
+    assert rows[("generic", 32)]["wrk_cpu_us_per_request"] == 16.0
+    assert rows[("generic", 128)]["wrk_cpu_us_per_request"] is None  # not measured
+    table = render(summary).splitlines()
+    assert table[0].endswith("wrk us/req")
+    (generic_32,) = [line for line in table if line.startswith("generic ") and " 32 " in line]
+    assert generic_32.split()[-1] == "16"
