@@ -370,7 +370,9 @@ def instructions(
     if libraries:
         before, after = libraries
         for name in before.keys() | after.keys():
-            split[Path(name).name] = (after.get(name, 0) - before.get(name, 0)) / deliveries
+            short_name = Path(name).name  # two objects of one name (in two packages) add up
+            count = (after.get(name, 0) - before.get(name, 0)) / deliveries
+            split[short_name] = split.get(short_name, 0.0) + count
     return (counts[1] - counts[0]) / deliveries, split
 
 
