@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.sources.base import RawDelivery, Unauthenticated
 from service.sources.config import SourceConfig
-from service.sources.signing import KeyedHmac, require_match
+from service.sources.signing import KeyedHmac, keyed_macs, require_match
 
 _DIGESTS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha512": hashlib.sha512}
 
@@ -57,8 +57,7 @@ def body_macs(config: BodyHmacConfig) -> list[KeyedHmac]:
     """The keyed HMAC of each secret, by `[hmac]`'s algorithm; none without an `[hmac]`."""
     if config.hmac is None:
         return []
-    digest = _DIGESTS[config.hmac.algorithm]
-    return [KeyedHmac(key, digest) for key in config.secret_values()]
+    return keyed_macs(config.secret_values(), _DIGESTS[config.hmac.algorithm])
 
 
 def check_body_hmac(delivery: RawDelivery, spec: HmacConfig, macs: list[KeyedHmac]) -> None:

@@ -43,9 +43,11 @@ class KeyedHmac:
         return digest
 
 
-def keyed_macs(keys: Iterable[bytes]) -> list[KeyedHmac]:
-    """An HMAC-SHA256 a key, each keyed once."""
-    return [KeyedHmac(key) for key in keys]
+def keyed_macs(
+    keys: Iterable[bytes], digestmod: Callable[..., Any] = hashlib.sha256
+) -> list[KeyedHmac]:
+    """An HMAC a key (SHA-256 unless told), each keyed once."""
+    return [KeyedHmac(key, digestmod) for key in keys]
 
 
 def require_match(
