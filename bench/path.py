@@ -366,14 +366,21 @@ def instructions(
             counts.append(int(found[1]))
             if profile is not None:
                 libraries.append(by_library(profile))
-    split: dict[str, float] = {}
-    if libraries:
-        before, after = libraries
-        for name in before.keys() | after.keys():
-            short_name = Path(name).name  # two objects of one name (in two packages) add up
-            count = (after.get(name, 0) - before.get(name, 0)) / deliveries
-            split[short_name] = split.get(short_name, 0.0) + count
+    split = per_delivery(libraries[0], libraries[1], deliveries) if libraries else {}
     return (counts[1] - counts[0]) / deliveries, split
+
+
+def per_delivery(
+    before: dict[str, int], after: dict[str, int], deliveries: int
+) -> dict[str, float]:
+    """Each library's instructions a delivery, between a short run's profile and a longer
+    one's, by file name: two objects of one name (in two packages) add up."""
+    split: dict[str, float] = {}
+    for name in before.keys() | after.keys():
+        short_name = Path(name).name
+        count = (after.get(name, 0) - before.get(name, 0)) / deliveries
+        split[short_name] = split.get(short_name, 0.0) + count
+    return split
 
 
 def print_libraries(splits: dict[str, dict[str, float]], shown: int = 10) -> None:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.path import by_library
+from bench.path import by_library, per_delivery
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,3 +82,13 @@ def test_by_library_needs_instructions() -> None:
     )
     assert done.returncode == 2
     assert "--by-library counts instructions" in done.stderr
+
+
+def test_per_delivery_is_the_difference_a_delivery_with_one_name_per_file() -> None:
+    before = {"/a/parser.so": 1_000, "/b/parser.so": 500, "/lib/libc.so.6": 2_000}
+    after = {"/a/parser.so": 3_000, "/b/parser.so": 1_500, "/lib/libc.so.6": 2_000, "/x/new.so": 40}
+    assert per_delivery(before, after, 10) == {
+        "parser.so": 300.0,  # (2,000 + 1,000) / 10: the two parsers add up
+        "libc.so.6": 0.0,
+        "new.so": 4.0,
+    }
