@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -155,8 +156,94 @@ def rotate(items: list[Any], by: int) -> list[Any]:
     return items[by:] + items[:by]
 
 
-def run_process(
+def run_round(
+    processes: list[Process],
+    round_no: int,
+    args: argparse.Namespace,
+    wrk: str,
+    work: Path,
+    key: bytes,
+    cells: dict[tuple[str, int, str], Cell],
+    pg: BenchPostgres,
+) -> None:
+    """One round: every system's server started (and warmed up) at once, then each cell
+    (connections, id mode) run for every system in turn, seconds apart.
+
+    The ratios are what the targets read, and on a shared machine the speed drifts from one
+    minute to the next: one system's cells run in a block minutes before another's would
+    compare two different machines. Run side by side, each pair of cells sees nearly the same
+    one. An idle server costs its neighbours next to nothing; its memory is sampled only
+    under its own load."""
+    with contextlib.ExitStack() as stack:
+        servers = {
+            process.name: stack.enter_context(
+                Server(
+                    process.name,
+                    process.command,
+                    process.env,
+                    work / f"{process.name}.log",
+                    sample_memory=False,
+                )
+            )
+            for process in processes
+        }
+        for process in processes:
+            warm_up(servers[process.name], process.targets[0], round_no, args, wrk, work, key)
+        targets = [(process, target) for process in processes for target in process.targets]
+        for connections in args.connections:
+            for mode in args.ids:
+                for process, target in rotate(targets, round_no):
+                    run_cell(
+                        servers[process.name],
+                        process,
+                        target,
+                        connections,
+                        mode,
+                        round_no,
+                        args,
+                        wrk,
+                        work,
+                        key,
+                        cells,
+                        pg,
+                    )
+    for process in processes:
+        process.peak_rss.append(servers[process.name].peak_rss)
+
+
+def warm_up(
+    srv: Server,
+    target: Target,
+    round_no: int,
+    args: argparse.Namespace,
+    wrk: str,
+    work: Path,
+    key: bytes,
+) -> None:
+    if args.warmup <= 0:
+        return
+    prefix, body = write_requests(
+        work / "req", f"warm{round_no}", math.ceil(args.max_rps * args.warmup), 1, key
+    )
+    run_wrk(
+        wrk,
+        srv.url + target.path,
+        connections=args.connections[0],
+        threads=1,
+        duration=args.warmup,
+        requests=prefix,
+        body_template=body,
+        dup_fraction=0.0,
+        ack_log=work / "ack",
+    )
+
+
+def run_cell(
+    srv: Server,
     process: Process,
+    target: Target,
+    connections: int,
+    mode: str,
     round_no: int,
     args: argparse.Namespace,
     wrk: str,
@@ -166,62 +253,38 @@ def run_process(
     pg: BenchPostgres,
 ) -> None:
     per_thread = math.ceil(args.max_rps * args.duration / args.threads)
-    with Server(process.name, process.command, process.env, work / f"{process.name}.log") as srv:
-        if args.warmup > 0:
-            target = process.targets[0]
-            prefix, body = write_requests(
-                work / "req", f"warm{round_no}", math.ceil(args.max_rps * args.warmup), 1, key
-            )
-            run_wrk(
-                wrk,
-                srv.url + target.path,
-                connections=args.connections[0],
-                threads=1,
-                duration=args.warmup,
-                requests=prefix,
-                body_template=body,
-                dup_fraction=0.0,
-                ack_log=work / "ack",
-            )
-        for target in rotate(process.targets, round_no):
-            for connections in args.connections:
-                for mode in args.ids:
-                    dup = MODES[mode]
-                    if target.table and process.database_url:
-                        asyncio.run(truncate(process.database_url, target.table))
-                    tag = f"r{round_no}-{target.name}-c{connections}-{mode}"
-                    prefix, body = write_requests(work / "req", tag, per_thread, args.threads, key)
-                    cpu_before = tree_cpu_seconds(process_tree(srv.pid))
-                    pg_before = pg.cpu_seconds()
-                    result = run_wrk(
-                        wrk,
-                        srv.url + target.path,
-                        connections=connections,
-                        threads=args.threads,
-                        duration=args.duration,
-                        requests=prefix,
-                        body_template=body,
-                        dup_fraction=dup,
-                        ack_log=work / "ack",
-                    )
-                    cpu = tree_cpu_seconds(process_tree(srv.pid)) - cpu_before
-                    pg_after = pg.cpu_seconds()
-                    run = {"round": round_no, **result.summary()}
-                    # CPU of the server's processes per request: steadier than req/s on a
-                    # machine whose cores other work shares. The embedded PostgreSQL's apart
-                    # (the service's backends, and the truncate's, a few milliseconds, if it
-                    # is reaped after the first read), as what the database spends on each
-                    # delivery.
-                    requests = max(result.requests, 1)
-                    run["cpu_us_per_request"] = round(cpu / requests * 1e6, 1)
-                    if pg_before is not None and pg_after is not None and process.database_url:
-                        run["pg_cpu_us_per_request"] = round(
-                            (pg_after - pg_before) / requests * 1e6, 1
-                        )
-                    run["stored"] = check_stored(result, process, target)
-                    cells[(target.name, connections, mode)].runs.append(run)
-                    print(report.progress_line(target.name, connections, mode, run), flush=True)
-    process.peak_rss.append(srv.peak_rss)
+    if target.table and process.database_url:
+        asyncio.run(truncate(process.database_url, target.table))
+    tag = f"r{round_no}-{target.name}-c{connections}-{mode}"
+    prefix, body = write_requests(work / "req", tag, per_thread, args.threads, key)
+    with srv.sampling_memory():
+        cpu_before = tree_cpu_seconds(process_tree(srv.pid))
+        pg_before = pg.cpu_seconds()
+        result = run_wrk(
+            wrk,
+            srv.url + target.path,
+            connections=connections,
+            threads=args.threads,
+            duration=args.duration,
+            requests=prefix,
+            body_template=body,
+            dup_fraction=MODES[mode],
+            ack_log=work / "ack",
+        )
+        cpu = tree_cpu_seconds(process_tree(srv.pid)) - cpu_before
+        pg_after = pg.cpu_seconds()
+    run = {"round": round_no, **result.summary()}
+    # CPU of the server's processes per request: steadier than req/s on a machine whose cores
+    # other work shares. The embedded PostgreSQL's apart (the service's backends, and the
+    # truncate's, a few milliseconds, if it is reaped after the first read), as what the
+    # database spends on each delivery.
+    requests = max(result.requests, 1)
+    run["cpu_us_per_request"] = round(cpu / requests * 1e6, 1)
+    if pg_before is not None and pg_after is not None and process.database_url:
+        run["pg_cpu_us_per_request"] = round((pg_after - pg_before) / requests * 1e6, 1)
+    run["stored"] = check_stored(result, process, target)
+    cells[(target.name, connections, mode)].runs.append(run)
+    print(report.progress_line(target.name, connections, mode, run), flush=True)
 
 
 def machine() -> dict[str, Any]:
@@ -278,9 +341,8 @@ def main(argv: list[str] | None = None) -> None:
             for m in args.ids
         }
         for round_no in range(args.rounds):
-            for process in rotate(processes, round_no):
-                print(f"round {round_no + 1}/{args.rounds}: {process.name}", flush=True)
-                run_process(process, round_no, args, wrk, work, key, cells, pg)
+            print(f"round {round_no + 1}/{args.rounds}", flush=True)
+            run_round(processes, round_no, args, wrk, work, key, cells, pg)
         for process in processes:
             if process.database_url:
                 asyncio.run(pg.drop_database(process.database_url))

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -80,9 +81,21 @@ class MemorySampler:
 
 
 class Server:
-    """One uvicorn process: started, waited for (GET /healthz), sampled, stopped."""
+    """One uvicorn process: started, waited for (GET /healthz), sampled, stopped.
 
-    def __init__(self, name: str, command: list[str], env: dict[str, str], log: Path) -> None:
+    Its memory is sampled from start to stop, or with `sample_memory=False` only inside
+    `sampling_memory()`: bench/ingest runs every system at once and samples each only under
+    its own load, so that idle servers' samplers do not take CPU from the one under test."""
+
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        env: dict[str, str],
+        log: Path,
+        *,
+        sample_memory: bool = True,
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -90,6 +103,7 @@ class Server:
         self.env = {**os.environ, **env}
         self.log_path = log
         self.process: subprocess.Popen[bytes] | None = None
+        self.sample_memory = sample_memory
         self.memory: MemorySampler | None = None
         self.peak_rss = 0
 
@@ -111,9 +125,21 @@ class Server:
         else:
             self.process.kill()
             raise RuntimeError(f"{self.name} did not answer /healthz; see {self.log_path}")
-        self.memory = MemorySampler(self.process.pid)
-        self.memory.start()
+        if self.sample_memory:
+            self.memory = MemorySampler(self.process.pid)
+            self.memory.start()
         return self
+
+    @contextlib.contextmanager
+    def sampling_memory(self) -> Iterator[None]:
+        """Sample the process tree's memory while the body runs; the peak counts in
+        `peak_rss`."""
+        sampler = MemorySampler(self.pid)
+        sampler.start()
+        try:
+            yield
+        finally:
+            self.peak_rss = max(self.peak_rss, sampler.stop())
 
     @property
     def pid(self) -> int:
@@ -138,7 +164,7 @@ class Server:
         tb: TracebackType | None,
     ) -> None:
         if self.memory is not None:
-            self.peak_rss = self.memory.stop()
+            self.peak_rss = max(self.peak_rss, self.memory.stop())
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

@@ -69,7 +69,11 @@ secrets = ["{secret}"]
 def build_processes(
     pg: BenchPostgres, work: Path, args: argparse.Namespace, key: bytes
 ) -> list[Process]:
+    # The two services run side by side (bench/ingest starts every system of a round at
+    # once): each writes a database of its own, so that neither's worker or pruning ever
+    # reads the rows of the other's cells.
     service_url = asyncio.run(pg.create_database("bench_service"))
+    serve_url = asyncio.run(pg.create_database("bench_serve"))
     naive_url = asyncio.run(pg.create_database("bench_naive"))
     sources = work / "sources.toml"
     secret = "whsec_" + base64.b64encode(key).decode()
@@ -81,12 +85,14 @@ def build_processes(
         "INBOX_ADMIN_TOKENS": secrets.token_hex(16),
         "INBOX_LOG_LEVEL": args.log_level,
     }
-    subprocess.run(
-        [*console_script("webhook-inbox"), "migrate"],
-        env={**service_env, "PATH": str(Path(sys.executable).parent)},
-        check=True,
-        capture_output=True,
-    )
+    serve_env = {**service_env, "DATABASE_URL": serve_url}
+    for env in (service_env, serve_env):
+        subprocess.run(
+            [*console_script("webhook-inbox"), "migrate"],
+            env={**env, "PATH": str(Path(sys.executable).parent)},
+            check=True,
+            capture_output=True,
+        )
     baseline = [sys.executable, "-m", "bench.baselines"]
     processes = [
         Process(
@@ -110,9 +116,9 @@ def build_processes(
         Process(
             "service-serve",
             [*console_script("webhook-inbox"), "serve", "--no-migrate"],
-            service_env,
+            serve_env,
             [Target("generic-serve", "/webhooks/generic", "inbox_messages", "generic")],
-            service_url,
+            serve_url,
         ),
         Process("baseline-A", [*baseline, "noop"], {}, [Target("baseline-A", "/webhooks/generic")]),
         # The floor: what a request costs below any framework (bench/baselines/floor.py).
