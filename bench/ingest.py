@@ -53,7 +53,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(DATABASE_URL, else embedded).",
     )
     parser.add_argument("--duration", type=int, default=10, help="seconds per cell (10)")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds (3: a median that one slow cell cannot move)",
+    )
     parser.add_argument("--connections", default="32,128", help="wrk connections (32,128)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
     parser.add_argument("--warmup", type=int, default=2, help="seconds of warm-up per start")
