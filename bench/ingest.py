@@ -17,13 +17,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from bench import report
-from bench.load import MODES, LoadResult, ensure_wrk, run_wrk, write_requests
+from bench.load import MODES, LoadResult, ensure_wrk, run_cell_load, run_wrk, write_requests
 from bench.pg import BenchPostgres
 from bench.servers import Server, process_tree, tree_cpu_seconds
 from bench.systems import (
@@ -161,16 +162,19 @@ def rotate(items: list[Any], by: int) -> list[Any]:
     return items[by:] + items[:by]
 
 
-def run_round(
-    processes: list[Process],
-    round_no: int,
-    args: argparse.Namespace,
-    wrk: str,
-    work: Path,
-    key: bytes,
-    cells: dict[tuple[str, int, str], Cell],
-    pg: BenchPostgres,
-) -> None:
+@dataclass
+class Run:
+    """What every round and cell of one bench/ingest run shares."""
+
+    args: argparse.Namespace
+    wrk: str
+    work: Path
+    key: bytes
+    cells: dict[tuple[str, int, str], Cell]
+    pg: BenchPostgres
+
+
+def run_round(processes: list[Process], round_no: int, run: Run) -> None:
     """One round: every system's server started (and warmed up) at once, then each cell
     (connections, id mode) run for every system in turn, seconds apart.
 
@@ -186,52 +190,33 @@ def run_round(
                     process.name,
                     process.command,
                     process.env,
-                    work / f"{process.name}.log",
+                    run.work / f"{process.name}.log",
                     sample_memory=False,
                 )
             )
             for process in processes
         }
         for process in processes:
-            warm_up(servers[process.name], process.targets[0], round_no, args, wrk, work, key)
+            warm_up(servers[process.name], process.targets[0], round_no, run)
         targets = [(process, target) for process in processes for target in process.targets]
-        for connections in args.connections:
-            for mode in args.ids:
+        for connections in run.args.connections:
+            for mode in run.args.ids:
                 for process, target in rotate(targets, round_no):
-                    run_cell(
-                        servers[process.name],
-                        process,
-                        target,
-                        connections,
-                        mode,
-                        round_no,
-                        args,
-                        wrk,
-                        work,
-                        key,
-                        cells,
-                        pg,
-                    )
+                    srv = servers[process.name]
+                    run_cell(srv, process, target, connections, mode, round_no, run)
     for process in processes:
         process.peak_rss.append(servers[process.name].peak_rss)
 
 
-def warm_up(
-    srv: Server,
-    target: Target,
-    round_no: int,
-    args: argparse.Namespace,
-    wrk: str,
-    work: Path,
-    key: bytes,
-) -> None:
+def warm_up(srv: Server, target: Target, round_no: int, run: Run) -> None:
+    args = run.args
     if args.warmup <= 0:
         return
     prefix, body = write_requests(
-        work / "req", f"warm{round_no}", math.ceil(args.max_rps * args.warmup), 1, key
+        run.work / "req", f"warm{round_no}", math.ceil(args.max_rps * args.warmup), 1, run.key
     )
     run_wrk(
-        wrk,
+        run.wrk,
         srv.url + target.path,
         connections=args.connections[0],
         threads=1,
@@ -239,7 +224,7 @@ def warm_up(
         requests=prefix,
         body_template=body,
         dup_fraction=0.0,
-        ack_log=work / "ack",
+        ack_log=run.work / "ack",
     )
 
 
@@ -250,46 +235,34 @@ def run_cell(
     connections: int,
     mode: str,
     round_no: int,
-    args: argparse.Namespace,
-    wrk: str,
-    work: Path,
-    key: bytes,
-    cells: dict[tuple[str, int, str], Cell],
-    pg: BenchPostgres,
+    run: Run,
 ) -> None:
+    args, pg = run.args, run.pg
     per_thread = math.ceil(args.max_rps * args.duration / args.threads)
     if target.table and process.database_url:
         asyncio.run(truncate(process.database_url, target.table))
     tag = f"r{round_no}-{target.name}-c{connections}-{mode}"
-    prefix, body = write_requests(work / "req", tag, per_thread, args.threads, key)
+    prefix, body = write_requests(run.work / "req", tag, per_thread, args.threads, run.key)
     with srv.sampling_memory():
         cpu_before = tree_cpu_seconds(process_tree(srv.pid))
         pg_before = pg.cpu_seconds()
-        result = run_wrk(
-            wrk,
-            srv.url + target.path,
-            connections=connections,
-            threads=args.threads,
-            duration=args.duration,
-            requests=prefix,
-            body_template=body,
-            dup_fraction=MODES[mode],
-            ack_log=work / "ack",
+        result = run_cell_load(
+            run.wrk, srv.url + target.path, args, connections, mode, prefix, body, run.work / "ack"
         )
         cpu = tree_cpu_seconds(process_tree(srv.pid)) - cpu_before
         pg_after = pg.cpu_seconds()
-    run = {"round": round_no, **result.summary()}
+    figures = {"round": round_no, **result.summary()}
     # CPU of the server's processes per request: steadier than req/s on a machine whose cores
     # other work shares. The embedded PostgreSQL's apart (the service's backends, and the
     # truncate's, a few milliseconds, if it is reaped after the first read), as what the
     # database spends on each delivery.
     requests = max(result.requests, 1)
-    run["cpu_us_per_request"] = round(cpu / requests * 1e6, 1)
+    figures["cpu_us_per_request"] = round(cpu / requests * 1e6, 1)
     if pg_before is not None and pg_after is not None and process.database_url:
-        run["pg_cpu_us_per_request"] = round((pg_after - pg_before) / requests * 1e6, 1)
-    run["stored"] = check_stored(result, process, target)
-    cells[(target.name, connections, mode)].runs.append(run)
-    print(report.progress_line(target.name, connections, mode, run), flush=True)
+        figures["pg_cpu_us_per_request"] = round((pg_after - pg_before) / requests * 1e6, 1)
+    figures["stored"] = check_stored(result, process, target)
+    run.cells[(target.name, connections, mode)].runs.append(figures)
+    print(report.progress_line(target.name, connections, mode, figures), flush=True)
 
 
 def machine() -> dict[str, Any]:
@@ -347,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         for round_no in range(args.rounds):
             print(f"round {round_no + 1}/{args.rounds}", flush=True)
-            run_round(processes, round_no, args, wrk, work, key, cells, pg)
+            run_round(processes, round_no, Run(args, wrk, work, key, cells, pg))
         for process in processes:
             if process.database_url:
                 asyncio.run(pg.drop_database(process.database_url))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import hmac
@@ -188,6 +189,31 @@ def run_wrk(
     )
     read_acks(result, [Path(f"{ack_log}{t}") for t in range(threads)])
     return result
+
+
+def run_cell_load(
+    wrk: str,
+    url: str,
+    args: argparse.Namespace,
+    connections: int,
+    mode: str,
+    requests: Path,
+    body_template: Path,
+    ack_log: Path,
+) -> LoadResult:
+    """A cell's load as bench/ingest and its --profile run it: `args.threads` wrk threads for
+    `args.duration` seconds, repeating earlier requests as id `mode` says."""
+    return run_wrk(
+        wrk,
+        url,
+        connections=connections,
+        threads=args.threads,
+        duration=args.duration,
+        requests=requests,
+        body_template=body_template,
+        dup_fraction=MODES[mode],
+        ack_log=ack_log,
+    )
 
 
 def read_acks(result: LoadResult, logs: list[Path]) -> None:

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.load import MODES, run_wrk, write_requests
+from bench.load import run_cell_load, run_wrk, write_requests
 from bench.pg import BenchPostgres
 from bench.servers import Server
 from bench.systems import RESULTS_DIR, Target, build_processes
@@ -179,16 +179,8 @@ def profile_cell(
         stderr=subprocess.DEVNULL,
     )
     time.sleep(0.5)  # let py-spy attach before the load starts
-    result = run_wrk(
-        wrk,
-        srv.url + target.path,
-        connections=connections,
-        threads=args.threads,
-        duration=args.duration,
-        requests=prefix,
-        body_template=body,
-        dup_fraction=MODES[mode],
-        ack_log=work / "ack",
+    result = run_cell_load(
+        wrk, srv.url + target.path, args, connections, mode, prefix, body, work / "ack"
     )
     spy.wait(timeout=args.duration + 60)
     print(
