@@ -71,6 +71,18 @@ def _cell_summary(cell: Cell) -> dict[str, Any]:
     }
 
 
+# The ratios the targets read, also taken within each round: bench/ingest runs a cell for
+# every system seconds apart, so a round's pair saw nearly the same machine, and their spread
+# over the rounds shows how far the run's own noise reaches. Shown, not judged: the targets
+# read the ratio of the medians.
+ROUND_RATIOS = {
+    "serve/A": ("generic-serve", "baseline-A"),
+    "generic/A": ("generic", "baseline-A"),
+    "std-webhooks/generic": ("standard-webhooks", "generic"),
+    "serve/no-worker": ("generic-serve", "generic"),
+}
+
+
 def summarise(
     cells: dict[tuple[str, int, str], Cell], processes: list[Process], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -80,6 +92,15 @@ def summarise(
     def ratio(num: str, den: str, conns: int, mode: str) -> float | None:
         a, b = by_key.get((num, conns, mode)), by_key.get((den, conns, mode))
         return a["rps"] / b["rps"] if a and b and b["rps"] else None
+
+    def by_round(num: str, den: str, conns: int, mode: str) -> list[float]:
+        """The ratio in each round both cells ran, in round order (paired by round number)."""
+        a, b = cells.get((num, conns, mode)), cells.get((den, conns, mode))
+        if a is None or b is None:
+            return []
+        below = {r["round"]: r["rps"] for r in b.runs if "round" in r and r["rps"]}
+        above = {r["round"]: r["rps"] for r in a.runs if "round" in r}
+        return [above[n] / below[n] for n in sorted(above.keys() & below.keys())]
 
     ratios = [
         {
@@ -94,6 +115,9 @@ def summarise(
             # How much of the machine's HTTP floor each keeps (no target: a bound to read).
             "generic/F": ratio("generic", "baseline-F", conns, mode),
             "A/F": ratio("baseline-A", "baseline-F", conns, mode),
+            "by_round": {
+                name: by_round(num, den, conns, mode) for name, (num, den) in ROUND_RATIOS.items()
+            },
         }
         for conns in args.connections
         for mode in args.ids
@@ -165,6 +189,28 @@ def _fmt(value: float | None, spec: str = ".2f", suffix: str = "x") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _render_by_round(ratios: list[dict[str, Any]]) -> list[str]:
+    """The target ratios of each round, in round order: blank where no round had both cells."""
+    shown = {
+        name: [" ".join(f"{v:.2f}" for v in r.get("by_round", {}).get(name, [])) for r in ratios]
+        for name in ROUND_RATIOS
+    }
+    if not any(any(texts) for texts in shown.values()):
+        return []
+    widths = {name: max(len(name), *(len(t) for t in texts)) for name, texts in shown.items()}
+    header = "  ".join(f"{name:<{widths[name]}}" for name in ROUND_RATIOS)
+    rule = "  ".join("-" * widths[name] for name in ROUND_RATIOS)
+    lines = [
+        "",
+        f"ratios by round    conns  ids     {header}",
+        f"-----------------  -----  ------  {rule}",
+    ]
+    for i, r in enumerate(ratios):
+        values = "  ".join(f"{shown[name][i]:<{widths[name]}}" for name in ROUND_RATIOS)
+        lines.append(f"{'':<17}  {r['connections']:>5}  {r['mode']:<6}  {values}".rstrip())
+    return lines
+
+
 def render(summary: dict[str, Any]) -> str:
     lines = [
         "system             conns  ids     req/s    p50 ms   p99 ms  non-2xx  errors  stored"
@@ -197,6 +243,7 @@ def render(summary: dict[str, Any]) -> str:
             f"{_fmt(r['serve/no-worker']):>15}  {_fmt(r['serve/A']):>7}  "
             f"{_fmt(r['generic/F']):>9}  {_fmt(r['A/F']):>5}"
         )
+    lines += _render_by_round(summary["ratios"])
     rss = ", ".join(f"{k} {v:.0f} MB" for k, v in summary["peak_rss_mb"].items())
     lines += ["", f"peak RSS: {rss}", "", "targets:"]
     for t in summary["targets"]:

@@ -181,3 +181,28 @@ def test_the_clients_cpu_is_the_median_over_rounds_and_shown_where_measured() ->
     assert table[0].endswith("wrk us/req")
     (generic_32,) = [line for line in table if line.startswith("generic ") and " 32 " in line]
     assert generic_32.split()[-1] == "16"
+
+
+def test_the_ratios_by_round_pair_each_rounds_cells_and_are_shown_not_judged() -> None:
+    # Round 1's pair ran at 1.25x, round 0's at 1.5x; the ratio of the medians is 1.357x.
+    # Baseline A's runs are listed out of round order: the pairing is by round number.
+    summary = summarise(
+        passing_cells(
+            baseline_A_32=[unstored(8000, round=1), unstored(6000, round=0)],
+            generic_serve_32=[run(9000, round=0), run(10000, round=1)],
+        ),
+        service(),
+        ARGS,
+    )
+    at_32 = next(r for r in summary["ratios"] if r["connections"] == 32)
+    assert at_32["by_round"]["serve/A"] == [1.5, 1.25]
+    assert at_32["serve/A"] == 9500 / 7000
+    assert at_32["by_round"]["generic/A"] == []  # generic's runs carry no round: nothing paired
+    assert verdicts(summary)["default serve >= 1.5x baseline A at 32 conns"] is False
+    lines = render(summary).splitlines()
+    by_round = lines.index(next(x for x in lines if x.startswith("ratios by round")))
+    assert lines[by_round + 2].split()[:4] == ["32", "unique", "1.50", "1.25"]
+
+
+def test_no_ratios_by_round_are_shown_when_no_run_names_its_round() -> None:
+    assert "ratios by round" not in render(summarise(passing_cells(), service(), ARGS))
