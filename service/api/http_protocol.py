@@ -387,7 +387,19 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._head_started = True
+        # uvicorn's own, less the ASGI scope it makes for every request: a direct delivery never
+        # reads one, so `_begin_scope` makes it once the head shows the request goes to ASGI.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def _begin_scope(self) -> None:
+        """The ASGI scope of this request, as uvicorn's `on_message_begin` makes it, over the
+        URL and headers parsed since."""
+        url, headers, expect_100_continue = self.url, self.headers, self.expect_100_continue
         super().on_message_begin()
+        self.url, self.headers, self.expect_100_continue = url, headers, expect_100_continue
+        self.scope["headers"] = headers
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
@@ -395,6 +407,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._body_left = self._announced_body_length()
         if self._take_directly():
             return
+        self._begin_scope()
         if self.max_connections is None or len(self.tasks) < self.max_connections:
             super().on_headers_complete()
             return
