@@ -86,13 +86,6 @@ def build_processes(
         "INBOX_LOG_LEVEL": args.log_level,
     }
     serve_env = {**service_env, "DATABASE_URL": serve_url}
-    for env in (service_env, serve_env):
-        subprocess.run(
-            [*console_script("webhook-inbox"), "migrate"],
-            env={**env, "PATH": str(Path(sys.executable).parent)},
-            check=True,
-            capture_output=True,
-        )
     baseline = [sys.executable, "-m", "bench.baselines"]
     processes = [
         Process(
@@ -140,4 +133,13 @@ def build_processes(
     unused = {p.database_url for p in processes} - {p.database_url for p in kept}
     for url in sorted(u for u in unused if u):
         asyncio.run(pg.drop_database(url))
+    # Only the databases a kept service writes are migrated (--profile keeps one of two).
+    for env in (service_env, serve_env):
+        if env["DATABASE_URL"] not in unused:
+            subprocess.run(
+                [*console_script("webhook-inbox"), "migrate"],
+                env={**env, "PATH": str(Path(sys.executable).parent)},
+                check=True,
+                capture_output=True,
+            )
     return kept
