@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import pytest
+
 from bench.report import MIB, render, summarise
 from bench.systems import Cell, Process
 
@@ -178,9 +180,32 @@ def test_the_clients_cpu_is_the_median_over_rounds_and_shown_where_measured() ->
     assert rows[("generic", 32)]["wrk_cpu_us_per_request"] == 16.0
     assert rows[("generic", 128)]["wrk_cpu_us_per_request"] is None  # not measured
     table = render(summary).splitlines()
-    assert table[0].endswith("wrk us/req")
+    assert table[0].split()[-4:] == ["us/req", "wrk", "us/req", "busy"]
     (generic_32,) = [line for line in table if line.startswith("generic ") and " 32 " in line]
-    assert generic_32.split()[-1] == "16"
+    assert generic_32.split()[-2] == "16"
+
+
+def test_cores_busy_is_the_median_of_each_rounds_rate_times_its_cpu_a_request() -> None:
+    # Rounds busy 0.9, 0.72 and 0.8 cores; the median rate times the median CPU would be 0.9.
+    summary = summarise(
+        passing_cells(
+            generic_32=[
+                run(10000, cpu_us_per_request=90.0),
+                run(12000, cpu_us_per_request=60.0),
+                run(8000, cpu_us_per_request=100.0),
+            ],
+            baseline_B_32=[{k: v for k, v in run(500).items() if k != "cpu_us_per_request"}] * 3,
+        ),
+        service(),
+        ARGS,
+    )
+    rows = {(r["target"], r["connections"]): r for r in summary["rows"]}
+    assert rows[("generic", 32)]["cores_busy"] == pytest.approx(0.8)
+    assert rows[("baseline-B", 32)]["cores_busy"] is None  # its CPU was not measured
+    table = render(summary).splitlines()
+    (generic_32,) = [line for line in table if line.startswith("generic ") and " 32 " in line]
+    (naive_32,) = [line for line in table if line.startswith("baseline-B ") and " 32 " in line]
+    assert (generic_32.split()[-1], naive_32.split()[-1]) == ("0.80", "-")
 
 
 def test_the_ratios_by_round_pair_each_rounds_cells_and_are_shown_not_judged() -> None:
