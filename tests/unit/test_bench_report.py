@@ -55,6 +55,13 @@ def verdicts(summary: dict[str, Any]) -> dict[str, bool | None]:
     return {t["target"]: t["pass"] for t in summary["targets"]}
 
 
+def table_columns(summary: dict[str, Any], target: str, connections: int) -> list[str]:
+    """The columns of `target`'s line at `connections` in the rendered table."""
+    lines = render(summary).splitlines()
+    (line,) = [x for x in lines if x.split()[:2] == [target, str(connections)]]
+    return line.split()
+
+
 def passing_cells(**changed: list[dict[str, Any]]) -> dict[tuple[str, int, str], Cell]:
     """Every target met: `serve` 1.6x A at 32 connections, 1.4x at 128, and so on."""
     runs = {
@@ -179,10 +186,8 @@ def test_the_clients_cpu_is_the_median_over_rounds_and_shown_where_measured() ->
     rows = {(r["target"], r["connections"]): r for r in summary["rows"]}
     assert rows[("generic", 32)]["wrk_cpu_us_per_request"] == 16.0
     assert rows[("generic", 128)]["wrk_cpu_us_per_request"] is None  # not measured
-    table = render(summary).splitlines()
-    assert table[0].split()[-4:] == ["us/req", "wrk", "us/req", "busy"]
-    (generic_32,) = [line for line in table if line.startswith("generic ") and " 32 " in line]
-    assert generic_32.split()[-2] == "16"
+    assert render(summary).split("\n", 1)[0].split()[-4:] == ["us/req", "wrk", "us/req", "busy"]
+    assert table_columns(summary, "generic", 32)[-2] == "16"
 
 
 def test_cores_busy_is_the_median_of_each_rounds_rate_times_its_cpu_a_request() -> None:
@@ -202,10 +207,8 @@ def test_cores_busy_is_the_median_of_each_rounds_rate_times_its_cpu_a_request() 
     rows = {(r["target"], r["connections"]): r for r in summary["rows"]}
     assert rows[("generic", 32)]["cores_busy"] == pytest.approx(0.8)
     assert rows[("baseline-B", 32)]["cores_busy"] is None  # its CPU was not measured
-    table = render(summary).splitlines()
-    (generic_32,) = [line for line in table if line.startswith("generic ") and " 32 " in line]
-    (naive_32,) = [line for line in table if line.startswith("baseline-B ") and " 32 " in line]
-    assert (generic_32.split()[-1], naive_32.split()[-1]) == ("0.80", "-")
+    assert table_columns(summary, "generic", 32)[-1] == "0.80"
+    assert table_columns(summary, "baseline-B", 32)[-1] == "-"
 
 
 def test_the_ratios_by_round_pair_each_rounds_cells_and_are_shown_not_judged() -> None:
