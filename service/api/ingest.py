@@ -99,12 +99,13 @@ def stored_headers(source: AnySource, headers: Headers) -> dict[str, str]:
     """The request headers worth keeping, with every credential and signature value redacted.
 
     Read from the raw pairs as `Headers.items()` decodes them (latin-1), without the list of
-    decoded pairs it builds first: a delivery's every header comes this way."""
-    sensitive = source.sensitive
+    decoded pairs it builds first, each name looked up as its bytes: a delivery's every header
+    comes this way."""
+    stored_name = source.stored_name
     kept: dict[str, str] = {}
     for raw_name, raw_value in headers.raw:
-        name = raw_name.decode("latin-1")
-        kept[name] = REDACTED if sensitive(name) else raw_value.decode("latin-1")
+        name, sensitive = stored_name(raw_name)
+        kept[name] = REDACTED if sensitive else raw_value.decode("latin-1")
     return kept
 
 

@@ -159,7 +159,7 @@ class Source(ABC, Generic[ConfigT]):
     def __init__(self, name: str, config: ConfigT) -> None:
         self.name = name
         self.config = config
-        self._sensitive: dict[str, bool] = {}
+        self._stored_names: dict[bytes, tuple[str, bool]] = {}
 
     async def authenticate(self, delivery: RawDelivery) -> Verdict:
         """Check the shared `token` every kind may require, then the kind's own scheme."""
@@ -190,14 +190,17 @@ class Source(ABC, Generic[ConfigT]):
         """A sender-specific answer to a refused delivery, or None for the SPEC §4 problem."""
         return None
 
-    def sensitive(self, name: str) -> bool:
-        """`is_sensitive_header(name)`, remembered: ingest asks it of every header of every
-        delivery. Names are the senders' choice, so at most `MAX_REMEMBERED_HEADERS` are kept."""
-        known = self._sensitive.get(name)
+    def stored_name(self, raw_name: bytes) -> tuple[str, bool]:
+        """A header's name as stored (decoded as latin-1, as `Headers.items()` does) and
+        whether its value is redacted (`is_sensitive_header`), remembered by the raw name:
+        ingest asks it of every header of every delivery. Names are the senders' choice, so
+        at most `MAX_REMEMBERED_HEADERS` are kept."""
+        known = self._stored_names.get(raw_name)
         if known is None:
-            known = self.is_sensitive_header(name)
-            if len(self._sensitive) < MAX_REMEMBERED_HEADERS:
-                self._sensitive[name] = known
+            name = raw_name.decode("latin-1")
+            known = (name, self.is_sensitive_header(name))
+            if len(self._stored_names) < MAX_REMEMBERED_HEADERS:
+                self._stored_names[raw_name] = known
         return known
 
     def is_sensitive_header(self, name: str) -> bool:

@@ -9,6 +9,7 @@ a 4xx naming the header or field, before anything is written.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Sequence
 
 from service.sources.base import BadDelivery, Rejected
@@ -22,6 +23,9 @@ MAX_HEADER_BYTES = 8192  # one header's name and value together
 # RFC 9110 §5.1 and §5.5: a name is a token; a value has no control character but tab.
 _HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE_FORBIDDEN = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# The same two sets as bytes, for `bytes.translate` to delete: what is left was not allowed.
+_TOKEN_BYTES = b"!#$%&'*+-.^_`|~" + string.digits.encode() + string.ascii_letters.encode()
+_VALUE_BYTES = bytes(c for c in range(256) if c == 0x09 or 0x20 <= c != 0x7F)
 
 
 class HeadersTooLarge(Rejected):
@@ -76,14 +80,17 @@ def check_headers(raw: Sequence[tuple[bytes, bytes]]) -> None:
     # Every delivery comes this way, and nearly all pass: all names at once, all values at once
     # (a forbidden byte is forbidden wherever it stands), and no header can be too large when
     # all of them together are not. Only a failure looks header by header, to name the culprit.
-    names = [name for name, _ in raw]
+    # `translate` deletes the allowed bytes in one C call, at half a regular expression's cost.
+    if not raw:
+        return
+    names, values = zip(*raw, strict=True)
     joined_names = b"".join(names)
-    joined_values = b"".join(value for _, value in raw)
+    joined_values = b"".join(values)
     if (
         len(joined_names) + len(joined_values) <= MAX_HEADER_BYTES
         and b"" not in names
-        and (not names or _HEADER_NAME.fullmatch(joined_names))
-        and not _HEADER_VALUE_FORBIDDEN.search(joined_values)
+        and not joined_names.translate(None, _TOKEN_BYTES)
+        and not joined_values.translate(None, _VALUE_BYTES)
     ):
         return
     for name, value in raw:

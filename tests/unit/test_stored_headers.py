@@ -26,7 +26,7 @@ def test_stored_headers_are_the_requests_with_credentials_redacted() -> None:
         "x-github-delivery": "d-1",
     }
     assert kept == {
-        name: (REDACTED if source.sensitive(name) else value)
+        name: (REDACTED if source.is_sensitive_header(name) else value)
         for name, value in Headers(raw=raw).items()
     }
 
