@@ -88,6 +88,25 @@ class DirectRequest:
     message_event: _NoEvent = field(default_factory=_NoEvent)
 
 
+class _DefaultHeadersBytes:
+    """uvicorn's default headers (`date`, `server`) as the bytes of their lines, made once a
+    list: uvicorn puts a new list in `server_state.default_headers` when the second (and so
+    the date) changes, and never changes a list it has handed out."""
+
+    def __init__(self) -> None:
+        self._of: list[tuple[bytes, bytes]] | None = None
+        self._lines = b""
+
+    def __call__(self, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+        if default_headers is not self._of:
+            self._lines = b"".join(b"%s: %s\r\n" % pair for pair in default_headers)
+            self._of = default_headers
+        return self._lines
+
+
+_default_header_lines = _DefaultHeadersBytes()
+
+
 def response_bytes(
     response: Response,
     request_id: str,
@@ -96,13 +115,13 @@ def response_bytes(
     keep_alive: bool,
 ) -> bytes:
     """The whole HTTP/1.1 response for `response` (status line, headers, body) in one piece."""
-    parts = [STATUS_LINE[response.status_code]]
-    for name, value in (*default_headers, *response.raw_headers):
-        parts += [name, b": ", value, b"\r\n"]
-    parts += [b"x-request-id: ", request_id.encode("latin-1"), b"\r\n"]
+    parts = [STATUS_LINE[response.status_code], _default_header_lines(default_headers)]
+    for name, value in response.raw_headers:
+        parts += (name, b": ", value, b"\r\n")
+    parts += (b"x-request-id: ", request_id.encode("latin-1"), b"\r\n")
     if not keep_alive:
         parts.append(b"connection: close\r\n")
-    parts += [b"\r\n", bytes(response.body)]
+    parts += (b"\r\n", bytes(response.body))
     return b"".join(parts)
 
 

@@ -7,10 +7,12 @@ import tomllib
 from pathlib import Path
 
 import uvicorn
+import uvicorn.server
 from packaging.requirements import Requirement
+from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.api.http_protocol import BoundedHttpToolsProtocol
+from service.api.http_protocol import BoundedHttpToolsProtocol, response_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,3 +65,30 @@ def test_the_response_completion_the_subclass_copies_is_still_uvicorns() -> None
     ):
         assert step in theirs, step
     assert theirs.count("self.") == 11, "uvicorn's on_response_complete has changed"
+
+
+def test_uvicorn_replaces_its_default_headers_list_rather_than_changing_it() -> None:
+    # response_bytes remembers the lines of the last list it was given, by the list's identity.
+    source = inspect.getsource(uvicorn.server)
+    assert "self.server_state.default_headers = date_header + " in source
+    for changes_in_place in (".default_headers.append", ".default_headers[", ".default_headers +="):
+        assert changes_in_place not in source
+
+
+def test_a_direct_answer_carries_the_default_headers_it_is_given_each_time() -> None:
+    response = Response(b'{"status":"accepted"}', media_type="application/json")
+    for second in range(3):
+        date = f"Fri, 04 Dec 2026 22:00:0{second} GMT".encode()
+        default_headers = [(b"date", date), (b"server", b"uvicorn")]
+        for keep_alive in (True, False):
+            answer = response_bytes(response, "rid-1", default_headers, keep_alive=keep_alive)
+            assert answer == (
+                b"HTTP/1.1 200 OK\r\n"
+                + b"date: "
+                + date
+                + b"\r\nserver: uvicorn\r\n"
+                + b"content-length: 21\r\ncontent-type: application/json\r\n"
+                + b"x-request-id: rid-1\r\n"
+                + (b"" if keep_alive else b"connection: close\r\n")
+                + b'\r\n{"status":"accepted"}'
+            )
