@@ -63,6 +63,11 @@ class GenericSource(Source[GenericConfig]):
     def __init__(self, name: str, config: GenericConfig) -> None:
         super().__init__(name, config)
         self.macs = body_macs(config)
+        # Where a refused message id was looked for, as its 400 says.
+        self._id_where = " or ".join(
+            [f"the {config.id_header} header"] * bool(config.id_header)
+            + [f"the JSON field {config.id_json_pointer}"] * (config.id_json_pointer is not None)
+        )
 
     def is_sensitive_header(self, name: str) -> bool:
         return super().is_sensitive_header(name) or self.config.is_hmac_header(name)
@@ -97,20 +102,12 @@ class GenericSource(Source[GenericConfig]):
 
     def _message_id(self, delivery: RawDelivery, payload: Any) -> str:
         config = self.config
-        if config.id_header:
-            value = delivery.headers.get(config.id_header)
-            where = f"the {config.id_header} header"
-        else:
-            value = None
-            where = ""
+        value = delivery.headers.get(config.id_header) if config.id_header else None
         if not value and config.id_json_pointer is not None:
             value = resolve_pointer(payload, config.id_json_pointer)
-            where = where or f"the JSON field {config.id_json_pointer}"
         if (value is None or value == "") and config.id_fallback == "body-sha256":
             return "sha256:" + hashlib.sha256(delivery.body).hexdigest()
-        if config.id_header and config.id_json_pointer is not None:
-            where = f"the {config.id_header} header or the JSON field {config.id_json_pointer}"
-        return checked_message_id(value, where)
+        return checked_message_id(value, self._id_where)
 
     @staticmethod
     def _check_basic_auth(delivery: RawDelivery, expected: str) -> None:

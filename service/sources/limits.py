@@ -47,6 +47,8 @@ def _bounded_text(text: str, limit: int, named: str) -> str:
 
 def checked_message_id(value: object, where: str) -> str:
     """A usable dedup key from `value`, or a 400 naming the header or field it came from."""
+    if type(value) is str and 0 < len(value) <= MAX_MESSAGE_ID_LENGTH and value.isprintable():
+        return value  # nearly every delivery's: nothing to refuse, and no refusal text made
     if value is None or value == "":
         raise BadDelivery(f"missing message id: expected {where}")
     if isinstance(value, bool) or not isinstance(value, str | int):

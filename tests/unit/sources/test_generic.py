@@ -65,3 +65,29 @@ async def test_generic_hmac_algorithms_and_encodings(
     tampered = await refusal_of(source, b"datb", {"x-id": "2", "x-hub": sig})
     assert [m.message_id for m in ok.items] == ["1"]
     assert tampered.status == 401
+
+
+@pytest.mark.parametrize(
+    ("id_from", "where"),
+    [
+        ({"id_header": "x-id"}, "the x-id header"),
+        ({"id_json_pointer": "/id"}, "the JSON field /id"),
+        ({"id_header": "x-id", "id_json_pointer": "/id"}, "the x-id header or the JSON field /id"),
+    ],
+)
+async def test_a_missing_or_unusable_message_id_is_refused_naming_where_it_was_looked_for(
+    id_from: dict[str, str], where: str
+) -> None:
+    source = source_of({"sources": {"s": {"kind": "generic", **id_from}}}, "s")
+    missing = await refusal_of(source, b"{}", {"content-type": "application/json"})
+    not_text = await refusal_of(source, b'{"id": [1]}', {"content-type": "application/json"})
+    unprintable = await refusal_of(source, b'{"id": "a\\u0007"}', {"x-id": "b\x7f"})
+    too_long = await refusal_of(source, b'{"id": "%s"}' % (b"i" * 513), {"x-id": "j" * 513})
+    assert (missing.status, missing.detail) == (400, f"missing message id: expected {where}")
+    if "id_json_pointer" in id_from:
+        assert not_text.detail == f"message id in {where} must be a string"
+    assert unprintable.detail.startswith(f"message id in {where} contains the non-printable")
+    assert too_long.detail == f"message id in {where} is longer than 512 characters"
+    # Within the limit and printable, a header's id or a JSON field's is the message id as sent.
+    kept = await messages_of(source, b'{"id": "%s"}' % (b"i" * 512), {"x-id": "i" * 512})
+    assert [m.message_id for m in kept.items] == ["i" * 512]
