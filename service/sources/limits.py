@@ -58,6 +58,8 @@ def checked_message_id(value: object, where: str) -> str:
 
 def checked_event_type(value: object, where: str) -> str | None:
     """The event type in `value` (None when absent or not a string), or a 400 naming `where`."""
+    if type(value) is str and 0 < len(value) <= MAX_EVENT_TYPE_LENGTH and value.isprintable():
+        return value  # as for message ids: no refusal text made for a usable one
     if not isinstance(value, str) or not value:
         return None
     return _bounded_text(value, MAX_EVENT_TYPE_LENGTH, f"event type in {where}")
