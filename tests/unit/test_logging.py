@@ -1,11 +1,17 @@
-"""The log handler: INFO lines of one event-loop turn leave in one write, in order."""
+"""The log handler: INFO lines of one event-loop turn leave in one write, in order; and the
+JSON line each event is: its fixed keys, then its fields."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import threading
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
 
 from service.core.logging import JsonFormatter, LoopBatchedStreamHandler
 
@@ -203,3 +209,58 @@ def test_an_info_event_in_a_forked_child_carries_the_childs_pid() -> None:
     info_event(log, "delivery", {"source": "parent"})
     assert json.loads(line)["pid"] == pid
     assert json.loads(stream.getvalue())["pid"] == os.getpid()
+
+
+def reference_line(
+    created: float, level: str, logger: str, event: str, pid: int, fields: dict[str, object]
+) -> str:
+    """A JSON line as its documented shape says: the fixed keys in order, then the fields (one
+    named as a fixed key takes that key's place); orjson, else python-json-logger's encoder."""
+    import orjson
+    import pythonjsonlogger.json
+
+    stamp = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+    data = {"ts": stamp, "level": level.lower(), "logger": logger, "event": event, "pid": pid}
+    data.update(fields)
+    encoder = pythonjsonlogger.json.JsonEncoder()
+    try:
+        return orjson.dumps(data, default=encoder.default).decode()
+    except TypeError:
+        return encoder.encode(data)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"source": "s", "message_id": None, "duration_ms": 1.25, "nested": {"a": [1, "b"]}},
+        {"event": "a field's own", "pid": "replaced", "source": "s"},
+        {"amount": Decimal("1.50"), "tags": ["x"]},  # orjson asks python-json-logger's default
+        {"detail": "lone \ud800 surrogate"},  # orjson refuses it: python-json-logger writes it
+    ],
+)
+@pytest.mark.parametrize("event", ["delivery", "caf\u00e9", "lone \udc00"])
+def test_a_json_line_is_its_fixed_keys_then_its_fields(
+    fields: dict[str, object], event: str
+) -> None:
+    formatter = JsonFormatter()
+    created = 1764460800.1239
+    expected = reference_line(created, "INFO", "service.api.ingest", event, 42, fields)
+    for _ in range(2):  # the second within the same second's remembered text
+        line = formatter.event_line(created, "INFO", "service.api.ingest", event, 42, fields)
+        assert line == expected
+    assert json.loads(line)["ts"] == "2025-11-30T00:00:00.123+00:00"
+
+
+def test_a_line_a_millisecond_later_has_its_own_stamp() -> None:
+    formatter = JsonFormatter()
+    stamps = [
+        json.loads(formatter.event_line(t, "INFO", "x", "e", 1, {}))["ts"]
+        for t in (1764460800.0005, 1764460800.0009, 1764460800.0012, 1764460801.0001)
+    ]
+    assert stamps == [
+        "2025-11-30T00:00:00.000+00:00",
+        "2025-11-30T00:00:00.000+00:00",
+        "2025-11-30T00:00:00.001+00:00",
+        "2025-11-30T00:00:01.000+00:00",
+    ]
