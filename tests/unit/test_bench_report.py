@@ -55,6 +55,14 @@ def verdicts(summary: dict[str, Any]) -> dict[str, bool | None]:
     return {t["target"]: t["pass"] for t in summary["targets"]}
 
 
+def summary_row(summary: dict[str, Any], target: str, connections: int) -> dict[str, Any]:
+    """`target`'s summary at `connections` (its `unique` cell, the only one these tests run)."""
+    (row,) = [
+        r for r in summary["rows"] if (r["target"], r["connections"]) == (target, connections)
+    ]
+    return row
+
+
 def table_columns(summary: dict[str, Any], target: str, connections: int) -> list[str]:
     """The columns of `target`'s line at `connections` in the rendered table."""
     lines = render(summary).splitlines()
@@ -183,9 +191,8 @@ def test_the_clients_cpu_is_the_median_over_rounds_and_shown_where_measured() ->
         service(),
         ARGS,
     )
-    rows = {(r["target"], r["connections"]): r for r in summary["rows"]}
-    assert rows[("generic", 32)]["wrk_cpu_us_per_request"] == 16.0
-    assert rows[("generic", 128)]["wrk_cpu_us_per_request"] is None  # not measured
+    assert summary_row(summary, "generic", 32)["wrk_cpu_us_per_request"] == 16.0
+    assert summary_row(summary, "generic", 128)["wrk_cpu_us_per_request"] is None  # not measured
     assert render(summary).split("\n", 1)[0].split()[-4:] == ["us/req", "wrk", "us/req", "busy"]
     assert table_columns(summary, "generic", 32)[-2] == "16"
 
@@ -204,9 +211,8 @@ def test_cores_busy_is_the_median_of_each_rounds_rate_times_its_cpu_a_request() 
         service(),
         ARGS,
     )
-    rows = {(r["target"], r["connections"]): r for r in summary["rows"]}
-    assert rows[("generic", 32)]["cores_busy"] == pytest.approx(0.8)
-    assert rows[("baseline-B", 32)]["cores_busy"] is None  # its CPU was not measured
+    assert summary_row(summary, "generic", 32)["cores_busy"] == pytest.approx(0.8)
+    assert summary_row(summary, "baseline-B", 32)["cores_busy"] is None  # CPU not measured
     assert table_columns(summary, "generic", 32)[-1] == "0.80"
     assert table_columns(summary, "baseline-B", 32)[-1] == "-"
 
