@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -125,7 +126,7 @@ def response_bytes(
     return b"".join(parts)
 
 
-class CoalescingTransport:
+class CoalescingTransport(asyncio.Transport):
     """A transport whose writes of one turn of the event loop go out in one `write`.
 
     uvicorn writes a response's status line and headers, then its body, as two writes: two
@@ -133,18 +134,24 @@ class CoalescingTransport:
     Measured with py-spy on bench/ingest, that per-response send was the HTTP process's
     largest cost (30% of its busy samples). Held until the loop's next turn, the head and the
     body of a response leave in one segment. Closing or ending the stream sends what is held
-    first; everything else is the wrapped transport's own.
+    first, and aborting it drops what is held.
+
+    The rest of `asyncio.Transport` is the wrapped transport's own, each method spelled out:
+    with a `__getattr__` to find them instead, every attribute looked up on this object (its
+    own `_held` and `_transport` included) went through a slower lookup: about 7,400
+    instructions a delivery (docs/benchmarks.md).
     """
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] = []
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._held:
             self._loop.call_soon(self.flush)
-        self._held.append(data)
+        self._held.append(bytes(data))
 
     def flush(self) -> None:
         if not self._held:
@@ -153,6 +160,9 @@ class CoalescingTransport:
         self._held.clear()
         if not self._transport.is_closing():
             self._transport.write(data)
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.write(b"".join(list_of_data))
 
     def write_now(self, data: bytes) -> None:
         """Write `data` at once, after anything held: a whole response needs no coalescing."""
@@ -170,15 +180,44 @@ class CoalescingTransport:
         self.flush()
         self._transport.close()
 
-    # Asked on every read and answer: spelled out rather than found by __getattr__.
+    def abort(self) -> None:
+        self._held.clear()
+        self._transport.abort()
+
+    # The wrapped transport's own.
+
     def is_closing(self) -> bool:
         return self._transport.is_closing()
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._transport.get_protocol()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._transport.get_write_buffer_limits()
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -239,9 +278,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        # Flow control keeps the real transport (its buffer is what pauses writing).
+        # Flow control keeps the real transport (its buffer is what pauses writing), and so do
+        # the checks of every read and answer below: asked through the wrapper, each was one
+        # more Python call.
+        self._socket = transport
         self._coalescing = CoalescingTransport(transport, self.loop)
-        self.transport = self._coalescing  # type: ignore[assignment]
+        self.transport = self._coalescing
         self._await_head(REQUEST_HEAD_TIMEOUT_SECONDS)
         if self.max_connections is not None:
             self._make_room(self.max_connections)
@@ -317,7 +359,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         # uvicorn's own, without its keep-alive timer: `_await_head` keeps that deadline.
         self.server_state.total_requests += 1
-        if self.transport.is_closing():
+        if self._socket.is_closing():
             return
         self.flow.resume_reading()
         if self.pipeline:  # a pipelined request waited for this response: it starts now
@@ -358,8 +400,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """Whether this protocol still parses what arrives (not refused, closed or upgraded)."""
         return (
             not self._refused
-            and not self.transport.is_closing()
-            and self.transport.get_protocol() is self
+            and not self._socket.is_closing()
+            and self._socket.get_protocol() is self
         )
 
     def _feed_body(self, data: bytes, position: int) -> int:
@@ -528,7 +570,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             direct.source, direct.headers, direct.query_string, body, direct.started
         )
         direct.response_complete = True
-        if self.transport.is_closing():  # the client left; its delivery may be recorded
+        if self._socket.is_closing():  # the client left; its delivery may be recorded
             return
         keep_alive = direct.keep_alive and not self._shutting_down()
         answer = response_bytes(
