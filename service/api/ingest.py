@@ -40,8 +40,6 @@ log = logging.getLogger("service.ingest")
 
 router = APIRouter(tags=["ingest"])
 
-REDACTED = "[redacted]"
-
 
 class Accepted(BaseModel):
     status: str = Field(
@@ -93,20 +91,6 @@ async def read_body(request: Request, limit: int, within_seconds: float) -> byte
                 raise BodyTooLarge
             chunks.append(chunk)
     return b"".join(chunks)
-
-
-def stored_headers(source: AnySource, headers: Headers) -> dict[str, str]:
-    """The request headers worth keeping, with every credential and signature value redacted.
-
-    Read from the raw pairs as `Headers.items()` decodes them (latin-1), without the list of
-    decoded pairs it builds first, each name looked up as its bytes: a delivery's every header
-    comes this way."""
-    stored_name = source.stored_name
-    kept: dict[str, str] = {}
-    for raw_name, raw_value in headers.raw:
-        name, sensitive = stored_name(raw_name)
-        kept[name] = REDACTED if sensitive else raw_value.decode("latin-1")
-    return kept
 
 
 class EscapedJSONResponse(JSONResponse):
@@ -382,7 +366,7 @@ async def take_delivery(
 
     messages = tracing.traced_messages(configured.kind, verdict.items)
     pipeline = state.pipelines.get(source)
-    kept = stored_headers(configured, headers)
+    kept = configured.stored_headers(headers.raw)
     try:
         if pipeline is not None and pipeline.config.mode == "sync":
             # Sync mode runs the handlers inside this request's own transaction, so it cannot

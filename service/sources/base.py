@@ -17,8 +17,12 @@ from service.sources.config import SourceConfig
 # The configuration model of a kind: `Source[GenericConfig]` sees `self.config` as one.
 ConfigT = TypeVar("ConfigT", bound=SourceConfig)
 
-# How many header names a source remembers the sensitivity of (`Source.sensitive`).
+# How many header names a source remembers the stored form and sensitivity of
+# (`Source.stored_headers`).
 MAX_REMEMBERED_HEADERS = 1024
+
+# What a stored header holds in place of a credential's or a signature's value.
+REDACTED = "[redacted]"
 
 # Headers whose values are credentials under any kind; never stored or logged.
 ALWAYS_SENSITIVE_HEADERS = frozenset(
@@ -190,17 +194,31 @@ class Source(ABC, Generic[ConfigT]):
         """A sender-specific answer to a refused delivery, or None for the SPEC §4 problem."""
         return None
 
-    def stored_name(self, raw_name: bytes) -> tuple[str, bool]:
-        """A header's name as stored (decoded as latin-1, as `Headers.items()` does) and
-        whether its value is redacted (`is_sensitive_header`), remembered by the raw name:
-        ingest asks it of every header of every delivery. Names are the senders' choice, so
-        at most `MAX_REMEMBERED_HEADERS` are kept."""
-        known = self._stored_names.get(raw_name)
-        if known is None:
-            name = raw_name.decode("latin-1")
-            known = (name, self.is_sensitive_header(name))
-            if len(self._stored_names) < MAX_REMEMBERED_HEADERS:
-                self._stored_names[raw_name] = known
+    def stored_headers(self, raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+        """The request headers worth keeping, with every credential and signature value
+        redacted: each name decoded as latin-1 and the last value of a repeated name kept, as
+        a dict of `Headers.items()` would hold them.
+
+        Ingest asks it of every header of every delivery, so each name's stored form and
+        whether it is redacted (`is_sensitive_header`) are remembered by its raw bytes, looked
+        up here without a call a header. Names are the senders' choice: at most
+        `MAX_REMEMBERED_HEADERS` are kept."""
+        known_names = self._stored_names
+        kept: dict[str, str] = {}
+        for raw_name, raw_value in raw:
+            known = known_names.get(raw_name)
+            if known is None:
+                known = self._stored_name(raw_name)
+            name, sensitive = known
+            kept[name] = REDACTED if sensitive else raw_value.decode("latin-1")
+        return kept
+
+    def _stored_name(self, raw_name: bytes) -> tuple[str, bool]:
+        """A name not remembered yet: its stored form and whether it is redacted."""
+        name = raw_name.decode("latin-1")
+        known = (name, self.is_sensitive_header(name))
+        if len(self._stored_names) < MAX_REMEMBERED_HEADERS:
+            self._stored_names[raw_name] = known
         return known
 
     def is_sensitive_header(self, name: str) -> bool:

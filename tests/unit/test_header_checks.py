@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.sources.base import MAX_REMEMBERED_HEADERS, BadDelivery
+from service.sources.base import MAX_REMEMBERED_HEADERS, REDACTED, BadDelivery
 from service.sources.config_file import build_source
 from service.sources.limits import HeadersTooLarge, check_headers
 
@@ -41,12 +41,14 @@ def test_no_headers_pass_and_an_empty_name_or_a_large_header_is_named() -> None:
         check_headers([(b"host", b"example.com"), (b"x-big", b"v" * 8192)])
 
 
-def test_a_source_remembers_at_most_so_many_header_names_and_answers_the_rest_alike() -> None:
+def test_a_source_remembers_at_most_so_many_header_names_and_stores_the_rest_alike() -> None:
     source = build_source("g", {"kind": "generic", "id_header": "x-message-id"})
     for n in range(MAX_REMEMBERED_HEADERS + 10):
-        assert source.stored_name(f"x-h{n}".encode()) == (f"x-h{n}", False)
+        assert source.stored_headers([(f"x-h{n}".encode(), b"v")]) == {f"x-h{n}": "v"}
     assert len(source._stored_names) == MAX_REMEMBERED_HEADERS
     # Past the limit, a name is still decoded and judged, only not kept.
-    assert source.stored_name(b"x-api-token") == ("x-api-token", True)
-    assert source.stored_name(b"caf\xe9") == ("café", False)
+    past = [(b"x-api-token", b"t0ken"), (b"caf\xe9", b"v")]
+    assert source.stored_headers(past) == {"x-api-token": REDACTED, "café": "v"}
     assert b"x-api-token" not in source._stored_names
+    # And remembered names are answered as they were the first time.
+    assert source.stored_headers([(b"x-h0", b"w"), (b"x-h1", b"x")]) == {"x-h0": "w", "x-h1": "x"}

@@ -3,7 +3,7 @@ with credentials and signatures redacted."""
 
 from starlette.datastructures import Headers
 
-from service.api.ingest import REDACTED, stored_headers
+from service.sources.base import REDACTED
 from service.sources.config_file import build_source
 
 
@@ -17,7 +17,7 @@ def test_stored_headers_are_the_requests_with_credentials_redacted() -> None:
         (b"x-note", b"second"),  # a repeated name keeps its last value, as a dict of items() did
         (b"x-github-delivery", b"d-1"),
     ]
-    kept = stored_headers(source, Headers(raw=raw))
+    kept = source.stored_headers(raw)
     assert kept == {
         "host": "example.com",
         "x-hub-signature-256": REDACTED,
@@ -33,5 +33,5 @@ def test_stored_headers_are_the_requests_with_credentials_redacted() -> None:
 
 def test_a_latin_1_value_is_stored_as_it_decodes() -> None:
     source = build_source("g", {"kind": "generic", "id_header": "x-message-id"})
-    kept = stored_headers(source, Headers(raw=[(b"x-note", b"caf\xe9")]))
+    kept = source.stored_headers([(b"x-note", b"caf\xe9")])
     assert kept == {"x-note": "café"}
