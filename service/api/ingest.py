@@ -368,7 +368,7 @@ async def take_delivery(
     pipeline = state.pipelines.get(source)
     kept = configured.stored_headers(headers.raw)
     try:
-        if pipeline is not None and pipeline.config.mode == "sync":
+        if pipeline is not None and pipeline.sync:
             # Sync mode runs the handlers inside this request's own transaction, so it cannot
             # share a group commit with other requests.
             results = await record_and_process(

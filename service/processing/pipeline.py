@@ -43,11 +43,18 @@ class Pipeline:
     def forward(self) -> ForwardConfig | None:
         return self.config.forward
 
-    @property
-    def has_work(self) -> bool:
-        """False for a source with neither handlers nor a forward: its messages are stored
-        `processed` by ingest, with nothing for a worker to do."""
-        return bool(self.routes) or self.forward is not None
+    # Asked by ingest of every delivery, so worked out once rather than read from the config
+    # (a pydantic model: a slow look-up, see `Source`).
+    # - has_work: False for a source with neither handlers nor a forward: its messages are
+    #   stored `processed` by ingest, with nothing for a worker to do.
+    # - sync: its handlers run inside the request's own transaction (`mode = "sync"`).
+    has_work: bool = field(init=False)
+    sync: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        # A frozen dataclass sets its own fields through object.__setattr__.
+        object.__setattr__(self, "has_work", bool(self.routes) or self.forward is not None)
+        object.__setattr__(self, "sync", self.config.mode == "sync")
 
     def handlers_for(self, event_type: str | None) -> tuple[Handler, ...]:
         """The handlers to run for `event_type`, in configuration order (memoised)."""

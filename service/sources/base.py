@@ -151,6 +151,11 @@ class Source(ABC, Generic[ConfigT]):
 
     A kind's module subclasses this, sets `kind` and `config_model`, and is listed in
     `service.sources.KINDS`; the ingest path knows nothing else about it.
+
+    What a kind reads of its config on every delivery is best read once, in `__init__`, as
+    this class does with the token: a pydantic model's attributes are found through its
+    `__getattr__` hook, the slow way. `generic` read eleven a delivery, about 6,000
+    instructions (docs/benchmarks.md); it and `standard-webhooks` now read theirs once.
     """
 
     kind: ClassVar[str]
@@ -164,11 +169,12 @@ class Source(ABC, Generic[ConfigT]):
         self.name = name
         self.config = config
         self._stored_names: dict[bytes, tuple[str, bool]] = {}
+        self._token = None if config.token is None else config.token.get_secret_value()
 
     async def authenticate(self, delivery: RawDelivery) -> Verdict:
         """Check the shared `token` every kind may require, then the kind's own scheme."""
-        if self.config.token is not None:
-            check_token(delivery, self.config.token.get_secret_value())
+        if self._token is not None:
+            check_token(delivery, self._token)
         return await self.verify(delivery)
 
     @abstractmethod

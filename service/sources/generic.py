@@ -63,6 +63,14 @@ class GenericSource(Source[GenericConfig]):
     def __init__(self, name: str, config: GenericConfig) -> None:
         super().__init__(name, config)
         self.macs = body_macs(config)
+        # What `verify` reads of the config on every delivery, read once (see `Source`).
+        basic_auth = config.basic_auth
+        self._basic_auth = None if basic_auth is None else basic_auth.get_secret_value()
+        self._hmac = config.hmac
+        self._needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
+        self._id_header = config.id_header
+        self._event_type_header = config.event_type_header
+        self._event_type_json_pointer = config.event_type_json_pointer
         # Where a refused message id was looked for, as its 400 says.
         self._id_where = " or ".join(
             [f"the {config.id_header} header"] * bool(config.id_header)
@@ -73,15 +81,13 @@ class GenericSource(Source[GenericConfig]):
         return super().is_sensitive_header(name) or self.config.is_hmac_header(name)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
-        config = self.config
-        if config.basic_auth is not None:
-            self._check_basic_auth(delivery, config.basic_auth.get_secret_value())
-        if config.hmac is not None:
-            check_body_hmac(delivery, config.hmac, self.macs)
+        if self._basic_auth is not None:
+            self._check_basic_auth(delivery, self._basic_auth)
+        if self._hmac is not None:
+            check_body_hmac(delivery, self._hmac, self.macs)
 
-        needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
         payload: Any = None
-        if needs_json:
+        if self._needs_json:
             require_json_media_type(delivery)
             payload = parse_json(delivery.body)
 
@@ -89,20 +95,21 @@ class GenericSource(Source[GenericConfig]):
         return Messages([Message(message_id, self._event_type(delivery, payload))])
 
     def _event_type(self, delivery: RawDelivery, payload: Any) -> str | None:
-        config = self.config
-        if config.event_type_header:
-            value = delivery.headers.get(config.event_type_header)
-            return checked_event_type(value, f"the {config.event_type_header} header")
-        if config.event_type_json_pointer is None:
+        header = self._event_type_header
+        if header:
+            return checked_event_type(delivery.headers.get(header), f"the {header} header")
+        pointer = self._event_type_json_pointer
+        if pointer is None:
             return None
-        value = resolve_pointer(payload, config.event_type_json_pointer)
+        value = resolve_pointer(payload, pointer)
         if isinstance(value, int | float | bool):
             value = json.dumps(value)  # a numeric type code is still a type
-        return checked_event_type(value, f"the JSON field {config.event_type_json_pointer}")
+        return checked_event_type(value, f"the JSON field {pointer}")
 
     def _message_id(self, delivery: RawDelivery, payload: Any) -> str:
-        config = self.config
-        value = delivery.headers.get(config.id_header) if config.id_header else None
+        header = self._id_header
+        value = delivery.headers.get(header) if header else None
+        config = self.config  # below, only when the header gave no id
         if not value and config.id_json_pointer is not None:
             value = resolve_pointer(payload, config.id_json_pointer)
         if (value is None or value == "") and config.id_fallback == "body-sha256":

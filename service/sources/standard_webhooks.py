@@ -165,6 +165,7 @@ class StandardWebhooksSource(Source[SourceConfig]):
         self.public_keys = [decode_public_key(k) for k in config.public_keys]
         # The signature versions this source can check: `v1` with secrets, `v1a` with keys.
         self.versions = ("v1",) * bool(self.keys) + ("v1a",) * bool(self.public_keys)
+        self.tolerance_seconds = config.tolerance_seconds  # read once (see `Source`)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         msg_id, timestamp_text, signature_header = _signing_headers(delivery)
@@ -179,9 +180,9 @@ class StandardWebhooksSource(Source[SourceConfig]):
         except ValueError:
             raise Unauthenticated("webhook-timestamp is not an integer") from None
         skew = signing.now() - timestamp
-        if skew > self.config.tolerance_seconds:
+        if skew > self.tolerance_seconds:
             raise Unauthenticated("webhook-timestamp is too old (outside tolerance)")
-        if -skew > self.config.tolerance_seconds:
+        if -skew > self.tolerance_seconds:
             raise Unauthenticated("webhook-timestamp is in the future (outside tolerance)")
 
         self._check_signatures(signature_header, msg_id, timestamp, delivery.body)
