@@ -518,9 +518,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not path.startswith(WEBHOOKS):
             return False
         name = path[len(WEBHOOKS) :]
-        if not name or not name.isascii() or b"%" in name or b"/" in name:
+        if not name or not name.isascii():
             return False
         source = name.decode("ascii")
+        # Looked for in the text: `b"%" in name` first tries b"%" as an integer, and CPython
+        # makes and drops a TypeError, with its message formatted, before it searches.
+        if "%" in source or "/" in source:
+            return False
         length = self._body_left
         if (
             not ingestion.takes(source)

@@ -1,7 +1,7 @@
 """Deliveries the HTTP protocol serves without ASGI (`service.api.http_protocol`), over raw
 sockets to the real server process: they answer exactly as the ASGI route does, keep-alive
 and pipelining keep their order, and a request the shortcut does not take (a chunked body, a
-percent-encoded source, an unknown one) still gets the ASGI route's answer.
+percent-encoded source, an unknown one, a nested path) still gets the ASGI route's answer.
 """
 
 from __future__ import annotations
@@ -201,6 +201,9 @@ async def test_request_id_http_1_0_and_requests_the_shortcut_leaves_to_asgi(
         status, _, body = await read_answer(reader)
         assert (status, json.loads(body)["message_id"]) == (200, "enc-1")
         writer.write(request("unknown-1", path=b"/webhooks/nope"))
+        status, headers, _ = await read_answer(reader)
+        assert (status, headers["content-type"]) == (404, "application/problem+json")
+        writer.write(request("nested-1", path=b"/webhooks/s/more?token=t0ken"))  # no such route
         status, headers, _ = await read_answer(reader)
         assert (status, headers["content-type"]) == (404, "application/problem+json")
     finally:
