@@ -492,7 +492,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         direct, self._direct = self._direct, None
         if direct is not None:
             self._stop_body_timer(direct)
-            task = self.loop.create_task(self._answer_directly(direct))
+            # As uvloop's create_task makes a task when no task factory is set (none is), but
+            # named at once: Python 3.11's C Task formats a "Task-<n>" name for every task
+            # made without one, and uvloop names its tasks only after making them.
+            task = asyncio.Task(
+                self._answer_directly(direct), loop=self.loop, name="webhook-inbox delivery"
+            )
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
         else:
