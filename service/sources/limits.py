@@ -19,10 +19,21 @@ MAX_CONTENT_TYPE_LENGTH = 256
 MAX_HEADER_COUNT = 100
 MAX_HEADER_BYTES = 8192  # one header's name and value together
 
-# RFC 9110 §5.1 and §5.5: a name is a token; a value has no control character but tab. The
-# bytes each may hold, for `bytes.translate` to delete: what is left was not allowed.
+# RFC 9110 §5.1 and §5.5: a name is a token; a value has no control character but tab.
 _TOKEN_BYTES = b"!#$%&'*+-.^_`|~" + string.digits.encode() + string.ascii_letters.encode()
 _VALUE_BYTES = bytes(c for c in range(256) if c == 0x09 or 0x20 <= c != 0x7F)
+
+
+def _keeping(allowed: bytes) -> bytes:
+    """A `bytes.translate` table that keeps each allowed byte and changes every other one:
+    `data.translate(table) == data` says `data` holds only allowed bytes. A table with nothing
+    to delete is `translate`'s fast loop, with no table of deletions to build first (which cost
+    more than the loop for a delivery's headers)."""
+    return bytes(c if c in allowed else c ^ 1 for c in range(256))
+
+
+_TOKEN_TABLE = _keeping(_TOKEN_BYTES)
+_VALUE_TABLE = _keeping(_VALUE_BYTES)
 
 
 class HeadersTooLarge(Rejected):
@@ -81,7 +92,7 @@ def check_headers(raw: Sequence[tuple[bytes, bytes]]) -> None:
     # Every delivery comes this way, and nearly all pass: all names at once, all values at once
     # (a forbidden byte is forbidden wherever it stands), and no header can be too large when
     # all of them together are not. Only a failure looks header by header, to name the culprit.
-    # `translate` deletes the allowed bytes in one C call, at half a regular expression's cost.
+    # `translate` checks each in one C call, at under half a regular expression's cost.
     if not raw:
         return
     names, values = zip(*raw, strict=True)
@@ -90,8 +101,8 @@ def check_headers(raw: Sequence[tuple[bytes, bytes]]) -> None:
     if (
         len(joined_names) + len(joined_values) <= MAX_HEADER_BYTES
         and b"" not in names
-        and not joined_names.translate(None, _TOKEN_BYTES)
-        and not joined_values.translate(None, _VALUE_BYTES)
+        and joined_names.translate(_TOKEN_TABLE) == joined_names
+        and joined_values.translate(_VALUE_TABLE) == joined_values
     ):
         return
     for name, value in raw:
@@ -100,7 +111,7 @@ def check_headers(raw: Sequence[tuple[bytes, bytes]]) -> None:
             raise HeadersTooLarge(
                 f"header {shown} is larger than {MAX_HEADER_BYTES} bytes (name and value)"
             )
-        if not name or name.translate(None, _TOKEN_BYTES):
+        if not name or name.translate(_TOKEN_TABLE) != name:
             raise BadDelivery(f"header name {shown!r} is not an HTTP token")
-        if value.translate(None, _VALUE_BYTES):
+        if value.translate(_VALUE_TABLE) != value:
             raise BadDelivery(f"header {shown} contains control characters")
