@@ -4,6 +4,7 @@ a shared machine, where one cell's rate moves by a quarter from one minute to th
 .venv/bin/python -m bench.path                  # CPU a delivery, three alternating runs
 .venv/bin/python -m bench.path --instructions   # instructions a delivery, under callgrind
 .venv/bin/python -m bench.path --instructions --by-library   # split by the library that ran them
+.venv/bin/python -m bench.path --instructions --by-function  # and by the C function that ran them
 
 Each delivery takes the path a plain delivery takes in `serve`'s HTTP process: the bytes of
 a request, as wrk sends them, into the httptools protocol (`BoundedHttpToolsProtocol`), the
@@ -81,10 +82,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --instructions: also split each source's instructions a delivery by the "
         "library (shared object) that ran them, a column a source",
     )
+    parser.add_argument(
+        "--by-function",
+        action="store_true",
+        help="with --instructions: also split them by the function that ran them (its own "
+        "instructions; the interpreter's C functions, not Python ones), the 30 largest",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.by_library and not args.instructions:
-        parser.error("--by-library counts instructions: give --instructions too")
+    for option, given in (("--by-library", args.by_library), ("--by-function", args.by_function)):
+        if given and not args.instructions:
+            parser.error(f"{option} counts instructions: give --instructions too")
     args.sources = args.sources.split(",")
     unknown = [s for s in args.sources if s not in SOURCES]
     if unknown:
@@ -318,12 +326,26 @@ def run_child(
 
 
 def by_library(profile: Path) -> dict[str, int]:
-    """A callgrind profile's instructions by the shared object that ran them (self cost).
+    """A callgrind profile's instructions by the shared object that ran them (self cost)."""
+    return self_costs(profile, "ob")
 
-    Read from callgrind's own format: a cost line counts for the object of the function it
-    is in (`ob=`), except the line after `calls=`, which is the callee's inclusive cost.
-    Objects and files are named once and then referred to by their number, `(n)`.
+
+def by_function(profile: Path) -> dict[str, int]:
+    """A callgrind profile's instructions by the function that ran them (self cost): a
+    library's own functions, and the interpreter's C functions, since callgrind cannot see
+    into the Python code the interpreter runs."""
+    return self_costs(profile, "fn")
+
+
+def self_costs(profile: Path, unit: str) -> dict[str, int]:
+    """A callgrind profile's instructions by object (`unit` "ob") or function ("fn").
+
+    Read from callgrind's own format: a cost line counts for the object or function it is in
+    (`ob=`, `fn=`), except the line after `calls=`, which is the callee's inclusive cost.
+    Names are given once, and then referred to by their number, `(n)`, by the callee lines
+    (`cob=`, `cfn=`) as well.
     """
+    own, callee = f"{unit}=", f"c{unit}="
     names: dict[str, str] = {}
     counts: dict[str, int] = {}
     current = "?"
@@ -334,11 +356,11 @@ def by_library(profile: Path) -> dict[str, int]:
                 after_call = False
             elif line[:1].isdigit() or line[:1] in "+-*":
                 counts[current] = counts.get(current, 0) + int(line.split()[-1])
-            elif line.startswith(("ob=", "cob=")):
+            elif line.startswith((own, callee)):
                 number, _, name = line.partition("=")[2].strip().partition(" ")
                 if name:
                     names[number] = name
-                if line.startswith("ob="):
+                if line.startswith(own):
                     current = names.get(number, number)
             elif line.startswith("calls="):
                 after_call = True
@@ -347,50 +369,58 @@ def by_library(profile: Path) -> dict[str, int]:
 
 def instructions(
     source: str, args: argparse.Namespace, valgrind: str
-) -> tuple[float, dict[str, float]]:
-    """Instructions a delivery, and (with --by-library) their split by library: two runs of
-    different lengths, so start-up cancels out."""
+) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Instructions a delivery, and (with --by-library, --by-function) their split by library
+    and by function: two runs of different lengths, so start-up cancels out."""
     counts = []
-    libraries: list[dict[str, int]] = []
+    profiles: list[Path] = []
     connections: int = args.connections
     extra: int = max(args.rounds // 40, 20)
     short, long = 10, 10 + extra
     deliveries = (long - short) * connections
+    split = args.by_library or args.by_function
     with tempfile.TemporaryDirectory(prefix="bench-path-callgrind-") as tmp:
         for rounds in (short, long):
-            profile = Path(tmp) / f"{rounds}.out" if args.by_library else None
+            profile = Path(tmp) / f"{rounds}.out" if split else None
             output = run_child(source, rounds, connections, valgrind, profile)
             found = re.search(r"Collected : (\d+)", output)
             if found is None:
                 raise SystemExit(f"no instruction count in valgrind's output:\n{output}")
             counts.append(int(found[1]))
             if profile is not None:
-                libraries.append(by_library(profile))
-    split = per_delivery(libraries[0], libraries[1], deliveries) if libraries else {}
-    return (counts[1] - counts[0]) / deliveries, split
+                profiles.append(profile)
+        libraries: dict[str, float] = {}
+        functions: dict[str, float] = {}
+        if args.by_library:
+            libraries = per_delivery(by_library(profiles[0]), by_library(profiles[1]), deliveries)
+        if args.by_function:
+            before, after = by_function(profiles[0]), by_function(profiles[1])
+            functions = per_delivery(before, after, deliveries, by_file=False)
+    return (counts[1] - counts[0]) / deliveries, libraries, functions
 
 
 def per_delivery(
-    before: dict[str, int], after: dict[str, int], deliveries: int
+    before: dict[str, int], after: dict[str, int], deliveries: int, *, by_file: bool = True
 ) -> dict[str, float]:
-    """Each library's instructions a delivery, between a short run's profile and a longer
-    one's, by file name: two objects of one name (in two packages) add up."""
+    """Each name's instructions a delivery, between a short run's profile and a longer one's;
+    with `by_file`, by file name: two objects of one name (in two packages) add up."""
     split: dict[str, float] = {}
     for name in before.keys() | after.keys():
-        short_name = Path(name).name
+        short_name = Path(name).name if by_file else name
         count = (after.get(name, 0) - before.get(name, 0)) / deliveries
         split[short_name] = split.get(short_name, 0.0) + count
     return split
 
 
-def print_libraries(splits: dict[str, dict[str, float]], shown: int = 10) -> None:
-    """The split by library, a column a source, the largest first; the rest summed."""
+def print_split(splits: dict[str, dict[str, float]], heading: str, shown: int) -> None:
+    """The split by library or function, a column a source, the largest first; the rest
+    summed."""
     sources = list(splits)
     names = sorted(
         {name for split in splits.values() for name in split},
         key=lambda name: -max(abs(split.get(name, 0.0)) for split in splits.values()),
     )
-    print(f"\n{'library':44s}" + "".join(f"{source:>19s}" for source in sources))
+    print(f"\n{heading:44s}" + "".join(f"{source:>19s}" for source in sources))
     for name in names[:shown]:
         cells = "".join(f"{splits[source].get(name, 0.0):19,.0f}" for source in sources)
         print(f"{name[:44]:44s}{cells}")
@@ -410,12 +440,15 @@ def main(argv: list[str] | None = None) -> None:
         valgrind = shutil.which("valgrind")
         if valgrind is None:
             raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
-        splits: dict[str, dict[str, float]] = {}
+        libraries: dict[str, dict[str, float]] = {}
+        functions: dict[str, dict[str, float]] = {}
         for source in args.sources:
-            count, splits[source] = instructions(source, args, valgrind)
+            count, libraries[source], functions[source] = instructions(source, args, valgrind)
             print(f"{source:18s} {count:9.0f} instructions a delivery", flush=True)
         if args.by_library:
-            print_libraries(splits)
+            print_split(libraries, "library", shown=10)
+        if args.by_function:
+            print_split(functions, "function (self)", shown=30)
         return
     for run in range(args.runs):
         for source in args.sources if run % 2 == 0 else reversed(args.sources):

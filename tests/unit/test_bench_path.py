@@ -6,7 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.path import by_library, per_delivery
+import pytest
+
+from bench.path import by_function, by_library, per_delivery
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,9 +73,17 @@ def test_by_library_counts_each_objects_own_instructions_once(tmp_path: Path) ->
     assert sum(by_library(profile).values()) == 117  # the profile's summary
 
 
-def test_by_library_needs_instructions() -> None:
+def test_by_function_counts_each_functions_own_instructions_once(tmp_path: Path) -> None:
+    profile = tmp_path / "callgrind.out"
+    profile.write_text(PROFILE)
+    # sha256 named once in the call (`cfn=(2) sha256`), then by its number alone (`fn=(2)`).
+    assert by_function(profile) == {"eval": 67, "sha256": 40, "parse": 10}
+
+
+@pytest.mark.parametrize("option", ["--by-library", "--by-function"])
+def test_a_split_needs_instructions(option: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.path", "--by-library"],
+        [sys.executable, "-m", "bench.path", option],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -81,7 +91,7 @@ def test_by_library_needs_instructions() -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert "--by-library counts instructions" in done.stderr
+    assert f"{option} counts instructions" in done.stderr
 
 
 def test_per_delivery_is_the_difference_a_delivery_with_one_name_per_file() -> None:
@@ -92,3 +102,10 @@ def test_per_delivery_is_the_difference_a_delivery_with_one_name_per_file() -> N
         "libc.so.6": 0.0,
         "new.so": 4.0,
     }
+    functions = {
+        "/a/parser.so": 200.0,
+        "/b/parser.so": 100.0,
+        "/lib/libc.so.6": 0.0,
+        "/x/new.so": 4.0,
+    }
+    assert per_delivery(before, after, 10, by_file=False) == functions  # names kept whole
