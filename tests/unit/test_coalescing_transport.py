@@ -10,7 +10,7 @@ from typing import cast
 
 import uvloop
 
-from service.api.http_protocol import CoalescingTransport
+from service.api.coalescing_transport import CoalescingTransport
 
 
 class Received(asyncio.Protocol):
