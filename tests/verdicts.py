@@ -24,7 +24,7 @@ def raw_delivery(
     """A delivery as the route hands it over: header names lower-cased, values Latin-1 bytes."""
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     data = body.encode() if isinstance(body, str) else body
-    return RawDelivery(method, Headers(raw=raw), dict(query or {}), data)
+    return RawDelivery(method, Headers(raw=raw), dict(query or {}), data, raw)
 
 
 def source_of(config: Mapping[str, Any], name: str) -> AnySource:

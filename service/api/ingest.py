@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from typing import Any
 
 import orjson
@@ -284,7 +284,8 @@ class DirectIngest:
             headers = Headers(raw=raw_headers)
             query = QueryParams(query_string) if query_string else NO_QUERY
             configured = state.inbox.sources[source]
-            work = take_delivery(state, configured, "POST", headers, query, body, started)
+            delivery = RawDelivery("POST", headers, query, body, raw_headers)
+            work = take_delivery(state, configured, delivery, started)
             return await answered(state, source, headers, started, work), request_id
         finally:
             REQUEST_ID.reset(token)
@@ -315,9 +316,9 @@ async def handle_delivery(
     except ClientDisconnect:
         log_delivery(metrics, source, None, "rejected:client_disconnect", started)
         return problem(400, "the client disconnected before sending the whole body")
-    return await take_delivery(
-        state, configured, request.method, request.headers, request.query_params, body, started
-    )
+    headers = request.headers
+    delivery = RawDelivery(request.method, headers, request.query_params, body, headers.raw)
+    return await take_delivery(state, configured, delivery, started)
 
 
 def unknown_source(metrics: Metrics, source: str, started: float) -> Response:
@@ -342,20 +343,14 @@ def body_timed_out(state: AppState, source: str, started: float) -> Response:
 
 
 async def take_delivery(
-    state: AppState,
-    configured: AnySource,
-    method: str,
-    headers: Headers,
-    query: Mapping[str, str],
-    body: bytes,
-    started: float,
+    state: AppState, configured: AnySource, delivery: RawDelivery, started: float
 ) -> Response:
     """Verify a delivery whose whole body has arrived, record its messages, answer it."""
     metrics = state.metrics
     source = configured.name
-    delivery = RawDelivery(method, headers, query, body)
+    body = delivery.body
     try:
-        check_headers(headers.raw)
+        check_headers(delivery.raw_headers)
         content_type = checked_content_type(delivery.content_type)
         verdict = await configured.authenticate(delivery)
     except Rejected as exc:
@@ -366,7 +361,7 @@ async def take_delivery(
 
     messages = tracing.traced_messages(configured.kind, verdict.items)
     pipeline = state.pipelines.get(source)
-    kept = configured.stored_headers(headers.raw)
+    kept = configured.stored_headers(delivery.raw_headers)
     try:
         if pipeline is not None and pipeline.sync:
             # Sync mode runs the handlers inside this request's own transaction, so it cannot
@@ -433,7 +428,8 @@ async def handshake(source: str, request: Request, state: StateDep) -> Response:
     configured = state.inbox.sources.get(source)
     if configured is None:
         return problem(404, f"no source named {source!r} is configured")
-    delivery = RawDelivery(request.method, request.headers, request.query_params, b"")
+    headers = request.headers
+    delivery = RawDelivery(request.method, headers, request.query_params, b"", headers.raw)
     try:
         answer = await configured.options(delivery)
     except Rejected as exc:

@@ -17,13 +17,14 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     constant_time_equal,
+    first_header,
     parse_json,
     require_json_media_type,
 )
 from service.sources.body_hmac import BodyHmacConfig, body_macs, body_signature, check_body_hmac
 from service.sources.config import Secret, SourceConfig
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
-from service.sources.limits import checked_event_type, checked_message_id
+from service.sources.limits import checked_event_type, checked_message_id, is_header_name
 
 
 class GenericConfig(BodyHmacConfig):
@@ -38,6 +39,14 @@ class GenericConfig(BodyHmacConfig):
     @classmethod
     def _pointer(cls, value: str | None) -> str | None:
         return None if value is None else validate_pointer(value)
+
+    @field_validator("id_header", "event_type_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        # Refused at start: a name no request can carry would refuse every delivery.
+        if value and not is_header_name(value):
+            raise ValueError(f"{value!r} is not an HTTP header name (a token, RFC 9110)")
+        return value
 
     @field_validator("basic_auth")
     @classmethod
@@ -55,6 +64,11 @@ class GenericConfig(BodyHmacConfig):
         return self
 
 
+def _raw_name(name: str | None) -> bytes | None:
+    """A configured header name as the raw header list holds it (lowercase), or None."""
+    return name.lower().encode("ascii") if name else None
+
+
 class GenericSource(Source[GenericConfig]):
     kind = "generic"
     config_model: ClassVar[type[SourceConfig]] = GenericConfig
@@ -68,8 +82,10 @@ class GenericSource(Source[GenericConfig]):
         self._basic_auth = None if basic_auth is None else basic_auth.get_secret_value()
         self._hmac = config.hmac
         self._needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
-        self._id_header = config.id_header
-        self._event_type_header = config.event_type_header
+        # Header names as the raw header list holds them (lowercase bytes), for `first_header`.
+        self._id_header = _raw_name(config.id_header)
+        self._event_type_header = _raw_name(config.event_type_header)
+        self._event_type_where = f"the {config.event_type_header} header"
         self._event_type_json_pointer = config.event_type_json_pointer
         # Where a refused message id was looked for, as its 400 says.
         self._id_where = " or ".join(
@@ -96,8 +112,9 @@ class GenericSource(Source[GenericConfig]):
 
     def _event_type(self, delivery: RawDelivery, payload: Any) -> str | None:
         header = self._event_type_header
-        if header:
-            return checked_event_type(delivery.headers.get(header), f"the {header} header")
+        if header is not None:
+            value = first_header(delivery.raw_headers, header)
+            return checked_event_type(value, self._event_type_where)
         pointer = self._event_type_json_pointer
         if pointer is None:
             return None
@@ -108,7 +125,7 @@ class GenericSource(Source[GenericConfig]):
 
     def _message_id(self, delivery: RawDelivery, payload: Any) -> str:
         header = self._id_header
-        value = delivery.headers.get(header) if header else None
+        value = first_header(delivery.raw_headers, header) if header is not None else None
         config = self.config  # below, only when the header gave no id
         if not value and config.id_json_pointer is not None:
             value = resolve_pointer(payload, config.id_json_pointer)

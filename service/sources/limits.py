@@ -36,6 +36,14 @@ _TOKEN_TABLE = _keeping(_TOKEN_BYTES)
 _VALUE_TABLE = _keeping(_VALUE_BYTES)
 
 
+def is_header_name(name: str) -> bool:
+    """Whether `name` can be an HTTP header's name: a non-empty token (RFC 9110 §5.1)."""
+    if not name or not name.isascii():
+        return False
+    raw = name.encode("ascii")
+    return raw.translate(_TOKEN_TABLE) == raw
+
+
 class HeadersTooLarge(Rejected):
     status = 431
     title = "Request Header Fields Too Large"

@@ -139,7 +139,7 @@ def _signing_headers(delivery: RawDelivery) -> tuple[str, str, str]:
     """The id, timestamp and signature headers ("" where missing), each as `Headers.get`
     reads it (the first of its name), in one walk of the header list instead of three."""
     found: list[bytes | None] = [None] * 6
-    for name, value in delivery.headers.raw:
+    for name, value in delivery.raw_headers:
         slot = _SIGNING_HEADERS.get(name)
         if slot is not None and found[slot] is None:
             found[slot] = value

@@ -9,7 +9,9 @@ import hmac
 from typing import Any
 
 import pytest
+from starlette.datastructures import Headers
 
+from service.sources.base import Messages, RawDelivery
 from tests.verdicts import messages_of, refusal_of, source_of
 
 SECRET = "test-secret-0123456789"
@@ -91,3 +93,23 @@ async def test_a_missing_or_unusable_message_id_is_refused_naming_where_it_was_l
     # Within the limit and printable, a header's id or a JSON field's is the message id as sent.
     kept = await messages_of(source, b'{"id": "%s"}' % (b"i" * 512), {"x-id": "i" * 512})
     assert [m.message_id for m in kept.items] == ["i" * 512]
+
+
+async def test_the_id_and_event_type_headers_are_read_at_their_first_value_in_any_case() -> None:
+    config = {"kind": "generic", "id_header": "X-Message-ID", "event_type_header": "X-Event"}
+    source = source_of({"sources": {"s": config}}, "s")
+    raw = [
+        (b"x-event", b"order.created"),
+        (b"x-message-id", b"first"),
+        (b"x-message-id", b"second"),
+        (b"x-event", b"order.deleted"),
+    ]
+    delivery = RawDelivery("POST", Headers(raw=raw), {}, b"{}", raw)
+    verdict = await source.authenticate(delivery)
+    assert isinstance(verdict, Messages)
+    assert [(m.message_id, m.event_type) for m in verdict.items] == [("first", "order.created")]
+    # As `Headers.get` reads them: the same first values.
+    assert (delivery.headers.get("x-message-id"), delivery.headers.get("x-event")) == (
+        "first",
+        "order.created",
+    )

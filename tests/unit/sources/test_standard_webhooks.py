@@ -64,10 +64,12 @@ async def test_a_repeated_header_is_read_at_its_first_value() -> None:
     raw = [(k.encode(), v.encode()) for k, v in headers.items() if k != "webhook-signature"]
     first_good = [*raw, (b"webhook-signature", good), (b"webhook-signature", b"v1,AAAA")]
     first_bad = [*raw, (b"webhook-signature", b"v1,AAAA"), (b"webhook-signature", good)]
-    verdict = await SOURCE.authenticate(RawDelivery("POST", Headers(raw=first_good), {}, BODY))
+    verdict = await SOURCE.authenticate(
+        RawDelivery("POST", Headers(raw=first_good), {}, BODY, first_good)
+    )
     assert isinstance(verdict, Messages)
     with pytest.raises(Unauthenticated):
-        await SOURCE.authenticate(RawDelivery("POST", Headers(raw=first_bad), {}, BODY))
+        await SOURCE.authenticate(RawDelivery("POST", Headers(raw=first_bad), {}, BODY, first_bad))
 
 
 @pytest.mark.parametrize(
