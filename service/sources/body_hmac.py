@@ -5,13 +5,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from collections.abc import Callable, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.sources.base import RawDelivery, Unauthenticated
+from service.sources.base import RawDelivery, Unauthenticated, first_header
 from service.sources.config import SourceConfig
-from service.sources.signing import KeyedHmac, keyed_macs, require_match
+from service.sources.limits import is_header_name
+from service.sources.signing import keyed_macs, require_match
 
 _DIGESTS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha512": hashlib.sha512}
 
@@ -25,6 +27,14 @@ class HmacConfig(BaseModel):
     algorithm: Literal["sha1", "sha256", "sha512"] = "sha256"
     encoding: Literal["hex", "base64"] = "hex"
     prefix: str = ""
+
+    @field_validator("header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        # Refused at start: a name no request can carry would refuse every delivery.
+        if not is_header_name(value):
+            raise ValueError(f"{value!r} is not an HTTP header name (a token, RFC 9110)")
+        return value
 
 
 class BodyHmacConfig(SourceConfig):
@@ -49,29 +59,50 @@ def body_signature(key: bytes, body: bytes, spec: HmacConfig) -> str:
     return _encoded(hmac.new(key, body, _DIGESTS[spec.algorithm]).digest(), spec)
 
 
+def _base64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+# How a signature is written, by `[hmac]`'s encoding.
+_ENCODERS: dict[str, Callable[[bytes], str]] = {"hex": bytes.hex, "base64": _base64}
+
+
 def _encoded(digest: bytes, spec: HmacConfig) -> str:
-    return digest.hex() if spec.encoding == "hex" else base64.b64encode(digest).decode()
+    return _ENCODERS[spec.encoding](digest)
 
 
-def body_macs(config: BodyHmacConfig) -> list[KeyedHmac]:
-    """The keyed HMAC of each secret, by `[hmac]`'s algorithm; none without an `[hmac]`."""
+class BodyHmac:
+    """`[hmac]` as every delivery is checked against it: each secret keyed once, and what the
+    check reads of the config read once (a pydantic model's attributes are slow look-ups: see
+    `Source`)."""
+
+    def __init__(self, spec: HmacConfig, secrets: Sequence[bytes]) -> None:
+        self.macs = keyed_macs(secrets, _DIGESTS[spec.algorithm])
+        self._header = spec.header
+        self._raw_header = spec.header.lower().encode("ascii")  # a token: ASCII
+        self._prefix = spec.prefix
+        self._hex = spec.encoding == "hex"
+        self._encode = _ENCODERS[spec.encoding]
+        self._mismatch = f"{spec.header} does not match a configured secret"
+
+    def check(self, delivery: RawDelivery) -> None:
+        """401 unless the header carries the HMAC of the raw body under one of the keys."""
+        header = first_header(delivery.raw_headers, self._raw_header)
+        if not header:
+            raise Unauthenticated(f"missing {self._header} header")
+        prefix = self._prefix
+        if not header.startswith(prefix):
+            raise Unauthenticated(f"{self._header} does not start with {prefix!r}")
+        offered = header[len(prefix) :].strip()
+        if self._hex:
+            offered = offered.lower()
+        encode, body = self._encode, delivery.body
+        require_match((encode(mac.digest(body)) for mac in self.macs), [offered], self._mismatch)
+
+
+def body_hmac(config: BodyHmacConfig) -> BodyHmac | None:
+    """The `[hmac]` check of a kind's config, each secret keyed by its algorithm; None
+    without an `[hmac]`."""
     if config.hmac is None:
-        return []
-    return keyed_macs(config.secret_values(), _DIGESTS[config.hmac.algorithm])
-
-
-def check_body_hmac(delivery: RawDelivery, spec: HmacConfig, macs: list[KeyedHmac]) -> None:
-    """401 unless `spec.header` carries the HMAC of the raw body under one of `macs`' keys."""
-    header = delivery.headers.get(spec.header)
-    if not header:
-        raise Unauthenticated(f"missing {spec.header} header")
-    if not header.startswith(spec.prefix):
-        raise Unauthenticated(f"{spec.header} does not start with {spec.prefix!r}")
-    offered = header[len(spec.prefix) :].strip()
-    if spec.encoding == "hex":
-        offered = offered.lower()
-    require_match(
-        (_encoded(mac.digest(delivery.body), spec) for mac in macs),
-        [offered],
-        f"{spec.header} does not match a configured secret",
-    )
+        return None
+    return BodyHmac(config.hmac, config.secret_values())

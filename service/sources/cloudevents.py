@@ -12,7 +12,7 @@ from service.sources.base import (
     RawDelivery,
     Source,
 )
-from service.sources.body_hmac import BodyHmacConfig, body_macs, check_body_hmac
+from service.sources.body_hmac import BodyHmacConfig, body_hmac
 from service.sources.cloudevents_http import abuse_protection, read_events
 from service.sources.config import SourceConfig
 
@@ -32,14 +32,14 @@ class CloudEventsSource(Source[CloudEventsConfig]):
 
     def __init__(self, name: str, config: CloudEventsConfig) -> None:
         super().__init__(name, config)
-        self.macs = body_macs(config)
+        self._body_hmac = body_hmac(config)
 
     def is_sensitive_header(self, name: str) -> bool:
         return super().is_sensitive_header(name) or self.config.is_hmac_header(name)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
-        if self.config.hmac is not None:
-            check_body_hmac(delivery, self.config.hmac, self.macs)
+        if self._body_hmac is not None:
+            self._body_hmac.check(delivery)
         return read_events(delivery)
 
     async def options(self, delivery: RawDelivery) -> Handshake | None:

@@ -21,7 +21,7 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
-from service.sources.body_hmac import BodyHmacConfig, body_macs, body_signature, check_body_hmac
+from service.sources.body_hmac import BodyHmacConfig, body_hmac, body_signature
 from service.sources.config import Secret, SourceConfig
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
 from service.sources.limits import checked_event_type, checked_message_id, is_header_name
@@ -76,11 +76,10 @@ class GenericSource(Source[GenericConfig]):
 
     def __init__(self, name: str, config: GenericConfig) -> None:
         super().__init__(name, config)
-        self.macs = body_macs(config)
+        self._body_hmac = body_hmac(config)
         # What `verify` reads of the config on every delivery, read once (see `Source`).
         basic_auth = config.basic_auth
         self._basic_auth = None if basic_auth is None else basic_auth.get_secret_value()
-        self._hmac = config.hmac
         self._needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
         # Header names as the raw header list holds them (lowercase bytes), for `first_header`.
         self._id_header = _raw_name(config.id_header)
@@ -99,8 +98,8 @@ class GenericSource(Source[GenericConfig]):
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self._basic_auth is not None:
             self._check_basic_auth(delivery, self._basic_auth)
-        if self._hmac is not None:
-            check_body_hmac(delivery, self._hmac, self.macs)
+        if self._body_hmac is not None:
+            self._body_hmac.check(delivery)
 
         payload: Any = None
         if self._needs_json:

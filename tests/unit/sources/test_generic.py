@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from starlette.datastructures import Headers
 
-from service.sources.base import Messages, RawDelivery
+from service.sources.base import Messages, RawDelivery, Unauthenticated
 from tests.verdicts import messages_of, refusal_of, source_of
 
 SECRET = "test-secret-0123456789"
@@ -113,3 +113,21 @@ async def test_the_id_and_event_type_headers_are_read_at_their_first_value_in_an
         "first",
         "order.created",
     )
+
+
+async def test_the_hmac_header_is_read_in_any_case_at_its_first_value_after_its_prefix() -> None:
+    hmac_table = {"header": "X-Hub-Signature", "prefix": "sha256="}
+    config = {"kind": "generic", "id_header": "x-id", "secrets": [SECRET], "hmac": hmac_table}
+    source = source_of({"sources": {"s": config}}, "s")
+    good = "sha256=" + hmac.new(SECRET.encode(), b"data", hashlib.sha256).hexdigest().upper()
+    raw = [(b"x-id", b"1"), (b"x-hub-signature", good.encode()), (b"x-hub-signature", b"sha256=")]
+    verdict = await source.authenticate(RawDelivery("POST", Headers(raw=raw), {}, b"data", raw))
+    assert isinstance(verdict, Messages)
+    missing = await refusal_of(source, b"data", {"x-id": "2"})
+    unprefixed = await refusal_of(source, b"data", {"x-id": "3", "x-hub-signature": good[7:]})
+    wrong = b"sha256=" + b"0" * 64
+    second = [(b"x-id", b"4"), (b"x-hub-signature", wrong), (b"x-hub-signature", good.encode())]
+    with pytest.raises(Unauthenticated, match="X-Hub-Signature does not match"):
+        await source.authenticate(RawDelivery("POST", Headers(raw=second), {}, b"data", second))
+    assert (missing.status, missing.detail) == (401, "missing X-Hub-Signature header")
+    assert unprefixed.detail == "X-Hub-Signature does not start with 'sha256='"
