@@ -36,12 +36,14 @@ _TOKEN_TABLE = _keeping(_TOKEN_BYTES)
 _VALUE_TABLE = _keeping(_VALUE_BYTES)
 
 
-def is_header_name(name: str) -> bool:
-    """Whether `name` can be an HTTP header's name: a non-empty token (RFC 9110 §5.1)."""
-    if not name or not name.isascii():
-        return False
-    raw = name.encode("ascii")
-    return raw.translate(_TOKEN_TABLE) == raw
+def checked_header_name(name: str) -> str:
+    """A configured header name, or a ValueError (the config's error, at start) unless it is
+    an HTTP token (RFC 9110 §5.1): a name no request can carry would refuse every delivery.
+    An empty one passes, for the fields where it means unset."""
+    raw = name.encode("ascii") if name.isascii() else None
+    if raw is None or raw.translate(_TOKEN_TABLE) != raw:
+        raise ValueError(f"{name!r} is not an HTTP header name (a token, RFC 9110)")
+    return name
 
 
 class HeadersTooLarge(Rejected):
