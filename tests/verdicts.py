@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from starlette.datastructures import Headers
 
 from service.sources.base import AnySource, Messages, RawDelivery, Rejected
 from service.sources.config_file import parse_inbox_config
@@ -24,7 +23,7 @@ def raw_delivery(
     """A delivery as the route hands it over: header names lower-cased, values Latin-1 bytes."""
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     data = body.encode() if isinstance(body, str) else body
-    return RawDelivery(method, Headers(raw=raw), dict(query or {}), data, raw)
+    return RawDelivery(method, dict(query or {}), data, raw)
 
 
 def source_of(config: Mapping[str, Any], name: str) -> AnySource:

@@ -281,11 +281,11 @@ class DirectIngest:
         request_id = request_id_of(raw_headers)
         token = REQUEST_ID.set(request_id)
         try:
-            headers = Headers(raw=raw_headers)
             query = QueryParams(query_string) if query_string else NO_QUERY
             configured = state.inbox.sources[source]
-            delivery = RawDelivery("POST", headers, query, body, raw_headers)
+            delivery = RawDelivery("POST", query, body, raw_headers)
             work = take_delivery(state, configured, delivery, started)
+            headers = Headers(raw=raw_headers)  # for the delivery's span, when tracing is on
             return await answered(state, source, headers, started, work), request_id
         finally:
             REQUEST_ID.reset(token)
@@ -316,8 +316,7 @@ async def handle_delivery(
     except ClientDisconnect:
         log_delivery(metrics, source, None, "rejected:client_disconnect", started)
         return problem(400, "the client disconnected before sending the whole body")
-    headers = request.headers
-    delivery = RawDelivery(request.method, headers, request.query_params, body, headers.raw)
+    delivery = RawDelivery(request.method, request.query_params, body, request.headers.raw)
     return await take_delivery(state, configured, delivery, started)
 
 
@@ -428,8 +427,7 @@ async def handshake(source: str, request: Request, state: StateDep) -> Response:
     configured = state.inbox.sources.get(source)
     if configured is None:
         return problem(404, f"no source named {source!r} is configured")
-    headers = request.headers
-    delivery = RawDelivery(request.method, headers, request.query_params, b"", headers.raw)
+    delivery = RawDelivery(request.method, request.query_params, b"", request.headers.raw)
     try:
         answer = await configured.options(delivery)
     except Rejected as exc:

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import jiter
-from starlette.datastructures import Headers
 
 from service.sources.config import SourceConfig
 
@@ -30,10 +29,18 @@ ALWAYS_SENSITIVE_HEADERS = frozenset(
 )
 
 
+def raw_header_name(name: str) -> bytes:
+    """A header name as a delivery's raw header list holds it (lowercase Latin-1 bytes), for
+    `first_header`: each kind makes its own once, not on every delivery."""
+    return name.lower().encode("latin-1")
+
+
 def first_header(raw: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
-    """The first value of the header `name` (lowercase) in `raw`, as `Headers.get` reads it,
-    or None. A walk of the list and nothing more: `Headers.get` goes through `Mapping.get`,
-    encodes the name, and raises and catches a KeyError when the header is missing."""
+    """The first value of the header `name` (from `raw_header_name`) in `raw`, or None: how
+    every kind reads a header. Starlette's `Headers.get` answers the same with more work: it
+    goes through `Mapping.get`, encodes the name on every call, and raises and catches a
+    KeyError when the header is missing (callgrind, alone: 3,300 instructions a header found,
+    7,200 one missing)."""
     for key, value in raw:
         if key == name:
             return value.decode("latin-1")
@@ -62,12 +69,10 @@ class RawDelivery:
     """A delivery as it arrived, before anything has parsed its body."""
 
     method: str
-    headers: Headers
     query: Mapping[str, str]
     body: bytes
-    # The list `headers` reads: (lowercase name, value) as they arrived, repeats included.
-    # Ingest walks it three times a delivery (checks, stored headers, the kind's own
-    # headers), and `Headers.raw` makes a new copy of it each time it is asked.
+    # The headers as they arrived: (lowercase name, value), repeats included, the list the
+    # server parsed, not a copy. Read them with `first_header`.
     raw_headers: list[tuple[bytes, bytes]]
     # Read once: ingest checks the content type, then most kinds read it again, and every
     # read is a walk of the header list. Not functools.cached_property: on Python 3.11 its
@@ -268,7 +273,7 @@ def check_token(delivery: RawDelivery, expected: str) -> None:
     offered: list[str] = []
     if "token" in delivery.query:
         offered.append(delivery.query["token"])
-    auth = delivery.headers.get("authorization", "")
+    auth = first_header(delivery.raw_headers, b"authorization") or ""
     scheme, _, credentials = auth.partition(" ")
     if scheme.lower() == "bearer" and credentials:
         offered.append(credentials.strip())

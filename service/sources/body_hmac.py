@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.sources.base import RawDelivery, Unauthenticated, first_header
+from service.sources.base import RawDelivery, Unauthenticated, first_header, raw_header_name
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_header_name
 from service.sources.signing import keyed_macs, require_match
@@ -76,7 +76,7 @@ class BodyHmac:
     def __init__(self, spec: HmacConfig, secrets: Sequence[bytes]) -> None:
         self.macs = keyed_macs(secrets, _DIGESTS[spec.algorithm])
         self._header = spec.header
-        self._raw_header = spec.header.lower().encode("ascii")  # a token: ASCII
+        self._raw_header = raw_header_name(spec.header)
         self._prefix = spec.prefix
         self._hex = spec.encoding == "hex"
         self._encode = _ENCODERS[spec.encoding]

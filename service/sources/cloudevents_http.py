@@ -16,7 +16,9 @@ from service.sources.base import (
     RawDelivery,
     Rejected,
     UnsupportedMediaType,
+    first_header,
     parse_json,
+    raw_header_name,
 )
 from service.sources.limits import checked_event_type, checked_message_id
 
@@ -25,6 +27,7 @@ BATCH = "application/cloudevents-batch+json"
 REQUIRED_ATTRIBUTES = ("specversion", "id", "source", "type")
 SPEC_VERSIONS = frozenset({"1.0", "0.3"})
 CE_HEADER_PREFIX = "ce-"
+_RAW_CE_PREFIX = raw_header_name(CE_HEADER_PREFIX)
 
 
 class OriginNotAllowed(Rejected):
@@ -79,13 +82,17 @@ def message_from_attributes(
 
 
 def binary_attributes(delivery: RawDelivery) -> dict[str, str]:
-    """The `ce-*` headers of a binary-mode request, percent-decoded as the HTTP binding says."""
+    """The `ce-*` headers of a binary-mode request, percent-decoded as the HTTP binding says;
+    one sent twice is read at its first value, as every header is."""
     attributes: dict[str, str] = {}
-    for name, value in delivery.headers.items():
-        lower = name.lower()
-        if lower.startswith(CE_HEADER_PREFIX):
+    for raw_name, raw_value in delivery.raw_headers:
+        if raw_name.startswith(_RAW_CE_PREFIX):
+            name = raw_name.decode("latin-1")
+            attribute = name[len(CE_HEADER_PREFIX) :]
+            if attribute in attributes:
+                continue
             try:
-                attributes[lower[len(CE_HEADER_PREFIX) :]] = unquote(value, errors="strict")
+                attributes[attribute] = unquote(raw_value.decode("latin-1"), errors="strict")
             except UnicodeDecodeError:
                 raise BadDelivery(f"header {name} is not percent-encoded UTF-8") from None
     return attributes
@@ -155,7 +162,7 @@ def abuse_protection(
     with `WebHook-Allowed-Origin` (that origin) and `WebHook-Allowed-Rate`. `allowed_origins`
     `["*"]` approves any origin; an origin not listed is refused with 403.
     """
-    origin = delivery.headers.get("webhook-request-origin")
+    origin = first_header(delivery.raw_headers, b"webhook-request-origin")
     if not origin:
         return None
     if "*" not in allowed_origins and origin.lower() not in {o.lower() for o in allowed_origins}:

@@ -17,6 +17,8 @@ from service.sources.base import (
     Unauthenticated,
     UnsupportedMediaType,
     constant_time_equal,
+    first_header,
+    raw_header_name,
 )
 from service.sources.cloudevents_http import STRUCTURED, structured_event
 from service.sources.config import Secret, SourceConfig
@@ -24,6 +26,7 @@ from service.sources.config import Secret, SourceConfig
 log = logging.getLogger("service.sources.dapr")
 
 API_TOKEN_HEADER = "dapr-api-token"
+_API_TOKEN = raw_header_name(API_TOKEN_HEADER)
 
 
 class DaprConfig(SourceConfig):
@@ -45,7 +48,7 @@ class DaprSource(Source[DaprConfig]):
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self.config.app_api_token is not None:
-            offered = delivery.headers.get(API_TOKEN_HEADER)
+            offered = first_header(delivery.raw_headers, _API_TOKEN)
             if not offered:
                 raise Unauthenticated(f"missing {API_TOKEN_HEADER} header")
             if not constant_time_equal(offered, self.config.app_api_token.get_secret_value()):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from service.sources.base import (
     BadDelivery,
@@ -16,12 +16,14 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     constant_time_equal,
+    first_header,
     parse_json,
+    raw_header_name,
     require_json_media_type,
 )
 from service.sources.cloudevents_http import abuse_protection, read_events, serialized
 from service.sources.config import SourceConfig
-from service.sources.limits import checked_event_type, checked_message_id
+from service.sources.limits import checked_event_type, checked_header_name, checked_message_id
 
 log = logging.getLogger("service.sources.eventgrid")
 
@@ -35,6 +37,11 @@ class EventGridConfig(SourceConfig):
     key_header: str | None = Field(default=None, min_length=1)
     # The CloudEvents-schema subscriptions validate with OPTIONS (CloudEvents webhook spec).
     allowed_origins: list[str] = Field(default_factory=lambda: ["eventgrid.azure.net"])
+
+    @field_validator("key_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        return None if value is None else checked_header_name(value)
 
     @model_validator(mode="after")
     def _coherent(self) -> EventGridConfig:
@@ -51,13 +58,18 @@ class EventGridSource(Source[EventGridConfig]):
     # Event Grid retries for the event's time-to-live: 1440 minutes by default and at most.
     redelivery_days = 1.0
 
+    def __init__(self, name: str, config: EventGridConfig) -> None:
+        super().__init__(name, config)
+        key_header = config.key_header
+        self._key_header = (key_header, raw_header_name(key_header)) if key_header else None
+
     def is_sensitive_header(self, name: str) -> bool:
         key_header = (self.config.key_header or "").lower()
         return super().is_sensitive_header(name) or name.lower() == key_header
 
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
-        if self.config.key_header:
-            self._check_key(delivery, self.config.key_header)
+        if self._key_header is not None:
+            self._check_key(delivery, *self._key_header)
         if delivery.media_type.startswith("application/cloudevents"):
             return read_events(delivery, binary=False)
         require_json_media_type(delivery)
@@ -97,8 +109,8 @@ class EventGridSource(Source[EventGridConfig]):
         log.info("eventgrid subscription validated", extra={"source": self.name})
         return Handshake(200, {"validationResponse": code})
 
-    def _check_key(self, delivery: RawDelivery, header: str) -> None:
-        offered = delivery.headers.get(header)
+    def _check_key(self, delivery: RawDelivery, header: str, raw_header: bytes) -> None:
+        offered = first_header(delivery.raw_headers, raw_header)
         if not offered:
             raise Unauthenticated(f"missing {header} header")
         matches = [constant_time_equal(offered, key) for key in self.config.secret_values()]

@@ -19,6 +19,7 @@ from service.sources.base import (
     constant_time_equal,
     first_header,
     parse_json,
+    raw_header_name,
     require_json_media_type,
 )
 from service.sources.body_hmac import BodyHmacConfig, body_hmac, body_signature
@@ -61,11 +62,6 @@ class GenericConfig(BodyHmacConfig):
         return self
 
 
-def _raw_name(name: str | None) -> bytes | None:
-    """A configured header name as the raw header list holds it (lowercase), or None."""
-    return name.lower().encode("ascii") if name else None
-
-
 class GenericSource(Source[GenericConfig]):
     kind = "generic"
     config_model: ClassVar[type[SourceConfig]] = GenericConfig
@@ -79,8 +75,10 @@ class GenericSource(Source[GenericConfig]):
         self._basic_auth = None if basic_auth is None else basic_auth.get_secret_value()
         self._needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
         # Header names as the raw header list holds them (lowercase bytes), for `first_header`.
-        self._id_header = _raw_name(config.id_header)
-        self._event_type_header = _raw_name(config.event_type_header)
+        self._id_header = raw_header_name(config.id_header) if config.id_header else None
+        self._event_type_header = (
+            raw_header_name(config.event_type_header) if config.event_type_header else None
+        )
         self._event_type_where = f"the {config.event_type_header} header"
         self._event_type_json_pointer = config.event_type_json_pointer
         # Where a refused message id was looked for, as its 400 says.
@@ -131,7 +129,8 @@ class GenericSource(Source[GenericConfig]):
 
     @staticmethod
     def _check_basic_auth(delivery: RawDelivery, expected: str) -> None:
-        scheme, _, encoded = delivery.headers.get("authorization", "").partition(" ")
+        authorization = first_header(delivery.raw_headers, b"authorization") or ""
+        scheme, _, encoded = authorization.partition(" ")
         if scheme.lower() != "basic" or not encoded:
             raise Unauthenticated("missing Basic authorization")
         try:

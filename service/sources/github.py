@@ -14,8 +14,10 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     UnsupportedMediaType,
+    first_header,
     is_json_media_type,
     parse_json,
+    raw_header_name,
 )
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
@@ -24,6 +26,9 @@ from service.sources.signing import SignedSourceConfig, hmac_sha256, keyed_macs,
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 DELIVERY_HEADER = "X-GitHub-Delivery"
 EVENT_HEADER = "X-GitHub-Event"
+_SIGNATURE = raw_header_name(SIGNATURE_HEADER)
+_DELIVERY = raw_header_name(DELIVERY_HEADER)
+_EVENT = raw_header_name(EVENT_HEADER)
 PREFIX = "sha256="
 FORM = "application/x-www-form-urlencoded"
 
@@ -51,7 +56,7 @@ class GitHubSource(Source[SourceConfig]):
         self.macs = keyed_macs(config.secret_values())
 
     async def verify(self, delivery: RawDelivery) -> Messages:
-        offered = delivery.headers.get(SIGNATURE_HEADER)
+        offered = first_header(delivery.raw_headers, _SIGNATURE)
         if not offered:
             raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
         require_match(
@@ -61,9 +66,9 @@ class GitHubSource(Source[SourceConfig]):
         )
 
         message_id = checked_message_id(
-            delivery.headers.get(DELIVERY_HEADER), f"the {DELIVERY_HEADER} header"
+            first_header(delivery.raw_headers, _DELIVERY), f"the {DELIVERY_HEADER} header"
         )
-        event = delivery.headers.get(EVENT_HEADER) or None
+        event = first_header(delivery.raw_headers, _EVENT) or None
         action = _action(self._payload(delivery))
         event_type = checked_event_type(
             f"{event}.{action}" if event and action else event,

@@ -18,6 +18,7 @@ from service.sources.base import (
     Rejected,
     Source,
     Unauthenticated,
+    first_header,
     parse_json,
     require_json_media_type,
 )
@@ -180,7 +181,8 @@ class PubSubSource(Source[PubSubConfig]):
     async def _check_oidc(self, delivery: RawDelivery, jwks: JwksCache) -> None:
         import jwt
 
-        scheme, _, token = delivery.headers.get("authorization", "").partition(" ")
+        authorization = first_header(delivery.raw_headers, b"authorization") or ""
+        scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("missing Authorization: Bearer OIDC token")
         token = token.strip()

@@ -13,6 +13,8 @@ from service.sources.base import (
     RawDelivery,
     Source,
     Unauthenticated,
+    first_header,
+    raw_header_name,
 )
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
@@ -21,6 +23,9 @@ from service.sources.signing import SignedSourceConfig, hmac_sha256, keyed_macs,
 SIGNATURE_HEADER = "X-Shopify-Hmac-Sha256"
 ID_HEADER = "X-Shopify-Webhook-Id"
 TOPIC_HEADER = "X-Shopify-Topic"
+_SIGNATURE = raw_header_name(SIGNATURE_HEADER)
+_ID = raw_header_name(ID_HEADER)
+_TOPIC = raw_header_name(TOPIC_HEADER)
 
 
 def shopify_signature(secret: bytes, body: bytes) -> str:
@@ -41,7 +46,8 @@ class ShopifySource(Source[SourceConfig]):
         self.macs = keyed_macs(config.secret_values())
 
     async def verify(self, delivery: RawDelivery) -> Messages:
-        header = delivery.headers.get(SIGNATURE_HEADER)
+        raw = delivery.raw_headers
+        header = first_header(raw, _SIGNATURE)
         if not header:
             raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
         try:
@@ -56,8 +62,8 @@ class ShopifySource(Source[SourceConfig]):
 
         # Everything needed is in headers, so the body stays opaque: Shopify may send JSON or,
         # for webhooks created in the admin with that format, XML.
-        message_id = checked_message_id(delivery.headers.get(ID_HEADER), f"the {ID_HEADER} header")
-        topic = checked_event_type(delivery.headers.get(TOPIC_HEADER), f"the {TOPIC_HEADER} header")
+        message_id = checked_message_id(first_header(raw, _ID), f"the {ID_HEADER} header")
+        topic = checked_event_type(first_header(raw, _TOPIC), f"the {TOPIC_HEADER} header")
         return Messages([Message(message_id, topic)])
 
     def example_curl(self, base_url: str) -> str | None:

@@ -14,7 +14,9 @@ from service.sources.base import (
     Source,
     Unauthenticated,
     UnsupportedMediaType,
+    first_header,
     parse_json,
+    raw_header_name,
 )
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
@@ -29,6 +31,8 @@ from service.sources.signing import (
 
 SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
+_SIGNATURE = raw_header_name(SIGNATURE_HEADER)
+_TIMESTAMP = raw_header_name(TIMESTAMP_HEADER)
 VERSION = "v0"
 
 
@@ -58,8 +62,8 @@ class SlackSource(Source[SourceConfig]):
         self.macs = keyed_macs(config.secret_values())
 
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
-        offered = delivery.headers.get(SIGNATURE_HEADER)
-        timestamp = delivery.headers.get(TIMESTAMP_HEADER)
+        offered = first_header(delivery.raw_headers, _SIGNATURE)
+        timestamp = first_header(delivery.raw_headers, _TIMESTAMP)
         if not offered:
             raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
         if not timestamp:

@@ -11,7 +11,9 @@ from service.sources.base import (
     RawDelivery,
     Source,
     Unauthenticated,
+    first_header,
     parse_json,
+    raw_header_name,
     require_json_media_type,
 )
 from service.sources.config import SourceConfig
@@ -26,6 +28,7 @@ from service.sources.signing import (
 )
 
 HEADER = "Stripe-Signature"
+_RAW_HEADER = raw_header_name(HEADER)
 # Only v1 is Stripe's live scheme; v0 (and any future scheme) is ignored, as stripe-python does.
 SCHEME = "v1"
 
@@ -71,7 +74,7 @@ class StripeSource(Source[SourceConfig]):
         self.macs = keyed_macs(config.secret_values())
 
     async def verify(self, delivery: RawDelivery) -> Messages:
-        header = delivery.headers.get(HEADER)
+        header = first_header(delivery.raw_headers, _RAW_HEADER)
         if not header:
             raise Unauthenticated(f"missing {HEADER} header")
         try:

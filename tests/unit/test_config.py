@@ -81,13 +81,15 @@ def test_generic_needs_an_id_rule() -> None:
     assert "id_header, id_json_pointer" in error_for({"sources": {"g": {"kind": "generic"}}})
 
 
-@pytest.mark.parametrize("field", ["id_header", "event_type_header", "hmac.header"])
+@pytest.mark.parametrize("field", ["id_header", "event_type_header", "hmac.header", "key_header"])
 @pytest.mark.parametrize("name", ["X Message Id", "x-id:", "x-\u00efd", "x-id\n"])
 def test_configured_header_names_must_be_http_tokens(field: str, name: str) -> None:
     # No request can carry such a header: a source reading it would refuse every delivery.
     config: dict[str, Any] = {"kind": "generic", "id_header": "x-id"}
     if field == "hmac.header":
         config |= {"secrets": ["a-secret"], "hmac": {"header": name}}
+    elif field == "key_header":
+        config = {"kind": "eventgrid", "secrets": ["a-secret"], "key_header": name}
     else:
         config[field] = name
     message = error_for({"sources": {"g": config}})

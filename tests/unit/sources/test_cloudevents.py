@@ -28,6 +28,12 @@ async def test_percent_encoded_binary_headers_are_decoded() -> None:
     assert json.loads(only.message_id) == ['/a b%"é', "id 1"]
 
 
+async def test_a_binary_header_not_percent_encoded_utf8_is_400_naming_it() -> None:
+    message = to_binary_event(event("id 1"))
+    refusal = await refusal_of(SOURCE, message.body, {**message.headers, "ce-source": "/a%ff"})
+    assert_refused(refusal, 400, "header ce-source is not percent-encoded UTF-8")
+
+
 async def test_a_bad_event_in_a_batch_refuses_all_of_it() -> None:
     good = json.loads(JSONFormat().write(event("ok")))
     bad = {k: v for k, v in good.items() if k != "source"}

@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from cloudevents.core.bindings.http import to_binary_event
 from starlette.datastructures import Headers
 
-from service.sources.base import RawDelivery, first_header
+from service.sources.base import (
+    AnySource,
+    Messages,
+    RawDelivery,
+    Rejected,
+    first_header,
+    raw_header_name,
+)
+from tests.senders import cloudevents as cloudevents_sender
+from tests.senders import dapr as dapr_sender
+from tests.senders import eventgrid as eventgrid_sender
+from tests.senders import github as github_sender
+from tests.senders import shopify as shopify_sender
+from tests.senders import slack as slack_sender
+from tests.senders import stripe as stripe_sender
+from tests.verdicts import source_of
 
 RAW = [
     (b"content-type", b"application/json"),
@@ -15,13 +33,95 @@ RAW = [
 ]
 
 
-@pytest.mark.parametrize("name", ["content-type", "x-id", "x-caf\u00e9", "absent"])
+@pytest.mark.parametrize(
+    "name", ["Content-Type", "x-id", "X-ID", "x-caf\u00e9", "X-CAF\u00c9", "absent"]
+)
 def test_first_header_reads_what_headers_get_reads(name: str) -> None:
-    assert first_header(RAW, name.encode("latin-1")) == Headers(raw=RAW).get(name)
+    assert first_header(RAW, raw_header_name(name)) == Headers(raw=RAW).get(name)
 
 
 def test_the_content_type_is_the_first_one_and_empty_when_absent() -> None:
-    delivery = RawDelivery("POST", Headers(raw=RAW), {}, b"", RAW)
+    delivery = RawDelivery("POST", {}, b"", RAW)
     assert (delivery.content_type, delivery.media_type) == ("application/json",) * 2
-    bare = RawDelivery("POST", Headers(raw=[]), {}, b"", [])
+    bare = RawDelivery("POST", {}, b"", [])
     assert (bare.content_type, bare.media_type) == ("", "")
+
+
+def _sent(body: bytes, headers: dict[str, str]) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    return body, [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def _kinds() -> dict[str, tuple[AnySource, bytes, list[tuple[bytes, bytes]]]]:
+    """An authentic delivery of each kind that reads a header of its own, its header names
+    lower-cased as a server hands them over."""
+    stripe_body = stripe_sender.event()
+    binary = to_binary_event(cloudevents_sender.event())
+    return {
+        "github": (
+            source_of(github_sender.CONFIG, "gh"),
+            *_sent(*github_sender.signed({"action": "opened"})),
+        ),
+        "shopify": (
+            source_of(shopify_sender.CONFIG, "shop"),
+            *_sent(*shopify_sender.signed(shopify_sender.ORDER)),
+        ),
+        "slack": (
+            source_of(slack_sender.CONFIG, "slack"),
+            *_sent(*slack_sender.signed(slack_sender.callback())),
+        ),
+        "stripe": (
+            source_of(stripe_sender.CONFIG, "payments"),
+            *_sent(
+                stripe_body.encode(),
+                stripe_sender.headers(stripe_sender.generate_header(stripe_body)),
+            ),
+        ),
+        "dapr": (
+            source_of(dapr_sender.CONFIG, "orders"),
+            *_sent(dapr_sender.envelope(), dapr_sender.HEADERS),
+        ),
+        "cloudevents": (
+            source_of(cloudevents_sender.CONFIG, "ce"),
+            *_sent(binary.body, binary.headers),
+        ),
+        "eventgrid": (
+            source_of(eventgrid_sender.CONFIG, "grid-key"),
+            *_sent(
+                json.dumps([eventgrid_sender.event("k1")]).encode(),
+                {**eventgrid_sender.HEADERS, "x-grid-key": eventgrid_sender.KEY},
+            ),
+        ),
+    }
+
+
+KINDS = _kinds()
+# Each kind's credential header, and one of its other headers that names the message.
+REPEATED = {
+    "github": [b"x-hub-signature-256", b"x-github-delivery", b"x-github-event"],
+    "shopify": [b"x-shopify-hmac-sha256", b"x-shopify-webhook-id", b"x-shopify-topic"],
+    "slack": [b"x-slack-signature", b"x-slack-request-timestamp"],
+    "stripe": [b"stripe-signature"],
+    "dapr": [b"dapr-api-token"],
+    "eventgrid": [b"x-grid-key"],
+    "cloudevents": [b"ce-id", b"ce-source", b"ce-type"],
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [(kind, name) for kind, names in REPEATED.items() for name in names]
+)
+async def test_each_kind_reads_a_repeated_header_at_its_first_value(kind: str, name: bytes) -> None:
+    # As Starlette's `Headers.get` reads it: a second value of the same name is never looked
+    # at, whatever it holds.
+    source, body, raw = KINDS[kind]
+    original = await source.authenticate(RawDelivery("POST", {}, body, raw))
+    assert isinstance(original, Messages)
+    first_kept = [*raw, (name, b"something-else")]
+    assert await source.authenticate(RawDelivery("POST", {}, body, first_kept)) == original
+    first_changed = [(name, b"something-else"), *raw]
+    changed = RawDelivery("POST", {}, body, first_changed)
+    try:
+        verdict = await source.authenticate(changed)
+    except Rejected:
+        return  # a credential (or a timestamp) read from the first value: refused
+    assert verdict != original  # an id or event type read from the first value
