@@ -172,9 +172,9 @@ class Source(ABC, Generic[ConfigT]):
     `service.sources.KINDS`; the ingest path knows nothing else about it.
 
     What a kind reads of its config on every delivery is best read once, in `__init__`, as
-    this class does with the token: a pydantic model's attributes are found through its
-    `__getattr__` hook, the slow way. `generic` read eleven a delivery, about 6,000
-    instructions (docs/benchmarks.md); it and `standard-webhooks` now read theirs once.
+    this class does with the token and the timestamp tolerance: a pydantic model's attributes
+    are found through its `__getattr__` hook, the slow way. `generic` read eleven a delivery,
+    about 6,000 instructions (docs/benchmarks.md).
     """
 
     kind: ClassVar[str]
@@ -189,6 +189,7 @@ class Source(ABC, Generic[ConfigT]):
         self.config = config
         self._stored_names: dict[bytes, tuple[str, bool]] = {}
         self._token = None if config.token is None else config.token.get_secret_value()
+        self.tolerance_seconds = config.tolerance_seconds
 
     async def authenticate(self, delivery: RawDelivery) -> Verdict:
         """Check the shared `token` every kind may require, then the kind's own scheme."""

@@ -75,7 +75,7 @@ class SlackSource(Source[SourceConfig]):
             [offered.strip()],
             f"{SIGNATURE_HEADER} does not match a configured secret",
         )
-        check_timestamp(timestamp, TIMESTAMP_HEADER, self.config.tolerance_seconds)
+        check_timestamp(timestamp, TIMESTAMP_HEADER, self.tolerance_seconds)
 
         media = delivery.media_type
         if media and media != "application/json":

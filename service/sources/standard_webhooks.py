@@ -165,7 +165,6 @@ class StandardWebhooksSource(Source[SourceConfig]):
         self.public_keys = [decode_public_key(k) for k in config.public_keys]
         # The signature versions this source can check: `v1` with secrets, `v1a` with keys.
         self.versions = ("v1",) * bool(self.keys) + ("v1a",) * bool(self.public_keys)
-        self.tolerance_seconds = config.tolerance_seconds  # read once (see `Source`)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         msg_id, timestamp_text, signature_header = _signing_headers(delivery)

@@ -88,7 +88,7 @@ class StripeSource(Source[SourceConfig]):
         require_match(
             expected, offered, f"no {HEADER} {SCHEME} signature matches a configured secret"
         )
-        check_timestamp(str(timestamp), f"{HEADER} timestamp", self.config.tolerance_seconds)
+        check_timestamp(str(timestamp), f"{HEADER} timestamp", self.tolerance_seconds)
 
         require_json_media_type(delivery)
         payload = parse_json(delivery.body)

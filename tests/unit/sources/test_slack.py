@@ -17,6 +17,7 @@ from tests.senders.slack import (
     DOC_SIGNATURE,
     DOC_TIMESTAMP,
     OLD_SECRET,
+    SECRET,
     callback,
     signed,
 )
@@ -130,3 +131,11 @@ async def test_rejections_are_refused_naming_the_cause(case: str) -> None:
     build, status, detail = REJECTIONS[case]
     body, headers = build()
     assert_refused(await refusal_of(SOURCE, body, headers), status, detail)
+
+
+async def test_tolerance_is_configurable() -> None:
+    config = {"sources": {"s": {"kind": "slack", "secrets": [SECRET], "tolerance_seconds": 900}}}
+    body, late = signed(callback("EvLate"), timestamp=int(time.time()) - 600)
+    (message,) = (await messages_of(source_of(config, "s"), body, late)).items
+    assert message.message_id == "EvLate"
+    assert_refused(await refusal_of(SOURCE, body, late), 401, "too old")
