@@ -46,12 +46,17 @@ class DaprSource(Source[DaprConfig]):
     # covers Kafka's default retention and Pub/Sub's and Service Bus's usual settings.
     redelivery_days = 7.0
 
+    def __init__(self, name: str, config: DaprConfig) -> None:
+        super().__init__(name, config)
+        token = config.app_api_token
+        self._app_api_token = None if token is None else token.get_secret_value()
+
     async def verify(self, delivery: RawDelivery) -> Messages:
-        if self.config.app_api_token is not None:
+        if self._app_api_token is not None:
             offered = first_header(delivery.raw_headers, _API_TOKEN)
             if not offered:
                 raise Unauthenticated(f"missing {API_TOKEN_HEADER} header")
-            if not constant_time_equal(offered, self.config.app_api_token.get_secret_value()):
+            if not constant_time_equal(offered, self._app_api_token):
                 raise Unauthenticated(f"{API_TOKEN_HEADER} does not match app_api_token")
         # Dapr posts the envelope in structured mode; a publisher's own CloudEvent may arrive as
         # plain JSON. A raw payload (metadata.rawPayload) carries no id to deduplicate on.

@@ -62,6 +62,7 @@ class EventGridSource(Source[EventGridConfig]):
         super().__init__(name, config)
         key_header = config.key_header
         self._key_header = (key_header, raw_header_name(key_header)) if key_header else None
+        self._keys = config.secret_values()
 
     def is_sensitive_header(self, name: str) -> bool:
         key_header = (self.config.key_header or "").lower()
@@ -113,7 +114,7 @@ class EventGridSource(Source[EventGridConfig]):
         offered = first_header(delivery.raw_headers, raw_header)
         if not offered:
             raise Unauthenticated(f"missing {header} header")
-        matches = [constant_time_equal(offered, key) for key in self.config.secret_values()]
+        matches = [constant_time_equal(offered, key) for key in self._keys]
         if not any(matches):
             raise Unauthenticated(f"{header} does not match a configured secret")
 
