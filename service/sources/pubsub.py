@@ -154,6 +154,10 @@ class PubSubSource(Source[PubSubConfig]):
             if config.audience
             else None
         )
+        # What `verify` reads of the config on every delivery, read once (see `Source`).
+        self._event_type_attribute = config.event_type_attribute
+        self._audience = config.audience
+        self._service_account_email = config.service_account_email
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self.jwks is not None:
@@ -171,7 +175,7 @@ class PubSubSource(Source[PubSubConfig]):
         )
 
     def _event_type(self, message: dict[str, Any]) -> str | None:
-        name = self.config.event_type_attribute
+        name = self._event_type_attribute
         if name is None:
             return None
         attributes = message.get("attributes")
@@ -201,7 +205,7 @@ class PubSubSource(Source[PubSubConfig]):
                 token,
                 key,
                 algorithms=["RS256"],
-                audience=self.config.audience,
+                audience=self._audience,
                 issuer=GOOGLE_ISSUERS,
                 leeway=CLOCK_SKEW_SECONDS,
                 options={"require": ["exp", "iat", "iss", "aud"]},
@@ -214,7 +218,7 @@ class PubSubSource(Source[PubSubConfig]):
             raise Unauthenticated("the bearer token's issuer is not accounts.google.com") from None
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"the bearer token does not verify: {exc}") from None
-        expected_email = self.config.service_account_email
+        expected_email = self._service_account_email
         if expected_email is not None and (
             claims.get("email") != expected_email or claims.get("email_verified") is not True
         ):

@@ -163,6 +163,9 @@ class SnsSource(Source[SnsConfig]):
         super().__init__(name, config)
         self.fetcher: SnsFetcher = fetcher or HttpsFetcher()
         self._keys: OrderedDict[str, rsa.RSAPublicKey] = OrderedDict()
+        # What `verify` reads of the config on every delivery, read once (see `Source`).
+        self._topic_arns = tuple(config.topic_arns)
+        self._event_type_attribute = config.event_type_attribute
 
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
         # SNS sends text/plain by default; a delivery policy may change it to JSON.
@@ -184,7 +187,7 @@ class SnsSource(Source[SnsConfig]):
         await self._check_signature(message)
 
         topic = message.get("TopicArn")
-        if "*" not in self.config.topic_arns and topic not in self.config.topic_arns:
+        if "*" not in self._topic_arns and topic not in self._topic_arns:
             raise Forbidden(f"TopicArn {topic!r} is not in topic_arns")
         if kind == "SubscriptionConfirmation":
             return await self._subscription_confirmation(message)
@@ -194,7 +197,7 @@ class SnsSource(Source[SnsConfig]):
         return Messages([Message(message_id, self._event_type(message))])
 
     def _event_type(self, message: dict[str, Any]) -> str | None:
-        name = self.config.event_type_attribute
+        name = self._event_type_attribute
         if name is None:
             return checked_event_type(message.get("Subject"), "the field Subject")
         attributes = message.get("MessageAttributes")
