@@ -95,7 +95,7 @@ def _kinds() -> dict[str, tuple[AnySource, bytes, list[tuple[bytes, bytes]]]]:
 
 
 KINDS = _kinds()
-# Each kind's credential header, and one of its other headers that names the message.
+# The headers each kind reads: what authenticates the delivery, and what names its message.
 REPEATED = {
     "github": [b"x-hub-signature-256", b"x-github-delivery", b"x-github-event"],
     "shopify": [b"x-shopify-hmac-sha256", b"x-shopify-webhook-id", b"x-shopify-topic"],
@@ -104,6 +104,17 @@ REPEATED = {
     "dapr": [b"dapr-api-token"],
     "eventgrid": [b"x-grid-key"],
     "cloudevents": [b"ce-id", b"ce-source", b"ce-type"],
+}
+# Of those, the ones a delivery is refused for when their value is wrong (a signature, a
+# token, or a signed timestamp); the others change the message the delivery names.
+AUTHENTICATING = {
+    b"x-hub-signature-256",
+    b"x-shopify-hmac-sha256",
+    b"x-slack-signature",
+    b"x-slack-request-timestamp",
+    b"stripe-signature",
+    b"dapr-api-token",
+    b"x-grid-key",
 }
 
 
@@ -118,10 +129,9 @@ async def test_each_kind_reads_a_repeated_header_at_its_first_value(kind: str, n
     assert isinstance(original, Messages)
     first_kept = [*raw, (name, b"something-else")]
     assert await source.authenticate(RawDelivery("POST", {}, body, first_kept)) == original
-    first_changed = [(name, b"something-else"), *raw]
-    changed = RawDelivery("POST", {}, body, first_changed)
-    try:
-        verdict = await source.authenticate(changed)
-    except Rejected:
-        return  # a credential (or a timestamp) read from the first value: refused
-    assert verdict != original  # an id or event type read from the first value
+    changed = RawDelivery("POST", {}, body, [(name, b"something-else"), *raw])
+    if name in AUTHENTICATING:
+        with pytest.raises(Rejected):
+            await source.authenticate(changed)
+    else:
+        assert await source.authenticate(changed) != original
