@@ -11,7 +11,7 @@ import timeit
 from service.core import tracing
 from service.sources.base import Message
 
-HEADERS = {"content-type": "application/json"}
+HEADERS = [(b"content-type", b"application/json")]
 MESSAGES = [Message("evt_1", "invoice.paid")]
 RUNS = 200_000
 

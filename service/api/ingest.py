@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
-from starlette.datastructures import Headers, QueryParams
+from starlette.datastructures import QueryParams
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -178,20 +178,20 @@ id of at most {MAX_MESSAGE_ID_LENGTH} printable characters, an event type of at 
 async def receive(source: str, request: Request, state: StateDep) -> Response:
     started = time.perf_counter()
     work = handle_delivery(source, request, state, started)
-    return await answered(state, source, request.headers, started, work)
+    return await answered(state, source, request.headers.raw, started, work)
 
 
 async def answered(
     state: AppState,
     source: str,
-    headers: Headers,
+    raw_headers: list[tuple[bytes, bytes]],
     started: float,
     work: Coroutine[Any, Any, Response],
 ) -> Response:
     """`work`'s answer to a delivery, inside the delivery's span and timed by its metrics; a
     500 problem if it fails unexpectedly (nothing was recorded: the flusher's own errors
     reach it as exceptions before any 2xx)."""
-    with tracing.delivery_span(source, headers) as delivery:
+    with tracing.delivery_span(source, raw_headers) as delivery:
         try:
             response = await work
         except Exception:
@@ -285,8 +285,7 @@ class DirectIngest:
             configured = state.inbox.sources[source]
             delivery = RawDelivery("POST", query, body, raw_headers)
             work = take_delivery(state, configured, delivery, started)
-            headers = Headers(raw=raw_headers)  # for the delivery's span, when tracing is on
-            return await answered(state, source, headers, started, work), request_id
+            return await answered(state, source, raw_headers, started, work), request_id
         finally:
             REQUEST_ID.reset(token)
 

@@ -255,7 +255,8 @@ class DeliveryTrace:
 
     tracer: Tracer
     source: str
-    headers: Mapping[str, str]
+    # The request's headers as the server parsed them: (lowercase name, value).
+    raw_headers: list[tuple[bytes, bytes]]
     kind: str = ""
     status_code: int | None = None
     start_ns: int = field(default_factory=time.time_ns)
@@ -268,7 +269,10 @@ class DeliveryTrace:
         context a message carries; linked to every other context the messages carry."""
         if self.span is not None:
             return self.span
-        parent = _context_of(carrier_of(self.headers))
+        # Imported when a span starts: the worker imports this module too, and needs no Starlette.
+        from starlette.datastructures import Headers
+
+        parent = _context_of(carrier_of(Headers(raw=self.raw_headers)))
         links: list[Link] = []
         for carrier in carried:
             if parent is None:
@@ -330,7 +334,7 @@ _OFF: AbstractContextManager[None] = nullcontext(None)
 
 
 def delivery_span(
-    source: str, headers: Mapping[str, str]
+    source: str, raw_headers: list[tuple[bytes, bytes]]
 ) -> AbstractContextManager[DeliveryTrace | None]:
     """Trace the delivery received in this block; yields None (and makes nothing) when off.
 
@@ -338,14 +342,14 @@ def delivery_span(
     """
     if _tracer is None:
         return _OFF
-    return _delivery_span(_tracer, source, headers)
+    return _delivery_span(_tracer, source, raw_headers)
 
 
 @contextmanager
 def _delivery_span(
-    tracer: Tracer, source: str, headers: Mapping[str, str]
+    tracer: Tracer, source: str, raw_headers: list[tuple[bytes, bytes]]
 ) -> Iterator[DeliveryTrace]:
-    delivery = DeliveryTrace(tracer, source, headers)
+    delivery = DeliveryTrace(tracer, source, raw_headers)
     token = _delivery.set(delivery)
     try:
         yield delivery
