@@ -269,13 +269,20 @@ def constant_time_equal(a: str | bytes, b: str | bytes) -> bool:
     return hmac.compare_digest(a_bytes, b_bytes)
 
 
+def authorization(delivery: RawDelivery) -> tuple[str, str]:
+    """The `Authorization` header's scheme and credentials, split at its first space ("" for
+    what is missing); the scheme as sent, to be compared in any case."""
+    value = first_header(delivery.raw_headers, b"authorization") or ""
+    scheme, _, credentials = value.partition(" ")
+    return scheme, credentials
+
+
 def check_token(delivery: RawDelivery, expected: str) -> None:
     """Accept the shared token from the `token` query parameter or an `Authorization: Bearer`."""
     offered: list[str] = []
     if "token" in delivery.query:
         offered.append(delivery.query["token"])
-    auth = first_header(delivery.raw_headers, b"authorization") or ""
-    scheme, _, credentials = auth.partition(" ")
+    scheme, credentials = authorization(delivery)
     if scheme.lower() == "bearer" and credentials:
         offered.append(credentials.strip())
     if not offered:

@@ -16,6 +16,7 @@ from service.sources.base import (
     RawDelivery,
     Source,
     Unauthenticated,
+    authorization,
     constant_time_equal,
     first_header,
     parse_json,
@@ -129,8 +130,7 @@ class GenericSource(Source[GenericConfig]):
 
     @staticmethod
     def _check_basic_auth(delivery: RawDelivery, expected: str) -> None:
-        authorization = first_header(delivery.raw_headers, b"authorization") or ""
-        scheme, _, encoded = authorization.partition(" ")
+        scheme, encoded = authorization(delivery)
         if scheme.lower() != "basic" or not encoded:
             raise Unauthenticated("missing Basic authorization")
         try:

@@ -18,7 +18,7 @@ from service.sources.base import (
     Rejected,
     Source,
     Unauthenticated,
-    first_header,
+    authorization,
     parse_json,
     require_json_media_type,
 )
@@ -185,8 +185,7 @@ class PubSubSource(Source[PubSubConfig]):
     async def _check_oidc(self, delivery: RawDelivery, jwks: JwksCache) -> None:
         import jwt
 
-        authorization = first_header(delivery.raw_headers, b"authorization") or ""
-        scheme, _, token = authorization.partition(" ")
+        scheme, token = authorization(delivery)
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("missing Authorization: Bearer OIDC token")
         token = token.strip()
