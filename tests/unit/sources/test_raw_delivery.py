@@ -23,7 +23,7 @@ from tests.senders import github as github_sender
 from tests.senders import shopify as shopify_sender
 from tests.senders import slack as slack_sender
 from tests.senders import stripe as stripe_sender
-from tests.verdicts import source_of
+from tests.verdicts import raw_delivery, source_of
 
 RAW = [
     (b"content-type", b"application/json"),
@@ -47,49 +47,41 @@ def test_the_content_type_is_the_first_one_and_empty_when_absent() -> None:
     assert (bare.content_type, bare.media_type) == ("", "")
 
 
-def _sent(body: bytes, headers: dict[str, str]) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    return body, [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-
-
-def _kinds() -> dict[str, tuple[AnySource, bytes, list[tuple[bytes, bytes]]]]:
-    """An authentic delivery of each kind that reads a header of its own, its header names
-    lower-cased as a server hands them over."""
+def _kinds() -> dict[str, tuple[AnySource, RawDelivery]]:
+    """An authentic delivery of each kind that reads a header of its own."""
     stripe_body = stripe_sender.event()
+    stripe_headers = stripe_sender.headers(stripe_sender.generate_header(stripe_body))
     binary = to_binary_event(cloudevents_sender.event())
+    grid_body = json.dumps([eventgrid_sender.event("k1")])
+    grid_headers = {**eventgrid_sender.HEADERS, "x-grid-key": eventgrid_sender.KEY}
     return {
         "github": (
             source_of(github_sender.CONFIG, "gh"),
-            *_sent(*github_sender.signed({"action": "opened"})),
+            raw_delivery(*github_sender.signed({"action": "opened"})),
         ),
         "shopify": (
             source_of(shopify_sender.CONFIG, "shop"),
-            *_sent(*shopify_sender.signed(shopify_sender.ORDER)),
+            raw_delivery(*shopify_sender.signed(shopify_sender.ORDER)),
         ),
         "slack": (
             source_of(slack_sender.CONFIG, "slack"),
-            *_sent(*slack_sender.signed(slack_sender.callback())),
+            raw_delivery(*slack_sender.signed(slack_sender.callback())),
         ),
         "stripe": (
             source_of(stripe_sender.CONFIG, "payments"),
-            *_sent(
-                stripe_body.encode(),
-                stripe_sender.headers(stripe_sender.generate_header(stripe_body)),
-            ),
+            raw_delivery(stripe_body, stripe_headers),
         ),
         "dapr": (
             source_of(dapr_sender.CONFIG, "orders"),
-            *_sent(dapr_sender.envelope(), dapr_sender.HEADERS),
+            raw_delivery(dapr_sender.envelope(), dapr_sender.HEADERS),
         ),
         "cloudevents": (
             source_of(cloudevents_sender.CONFIG, "ce"),
-            *_sent(binary.body, binary.headers),
+            raw_delivery(binary.body, binary.headers),
         ),
         "eventgrid": (
             source_of(eventgrid_sender.CONFIG, "grid-key"),
-            *_sent(
-                json.dumps([eventgrid_sender.event("k1")]).encode(),
-                {**eventgrid_sender.HEADERS, "x-grid-key": eventgrid_sender.KEY},
-            ),
+            raw_delivery(grid_body, grid_headers),
         ),
     }
 
@@ -124,7 +116,8 @@ AUTHENTICATING = {
 async def test_each_kind_reads_a_repeated_header_at_its_first_value(kind: str, name: bytes) -> None:
     # As Starlette's `Headers.get` reads it: a second value of the same name is never looked
     # at, whatever it holds.
-    source, body, raw = KINDS[kind]
+    source, delivery = KINDS[kind]
+    body, raw = delivery.body, delivery.raw_headers
     original = await source.authenticate(RawDelivery("POST", {}, body, raw))
     assert isinstance(original, Messages)
     first_kept = [*raw, (name, b"something-else")]
