@@ -62,7 +62,7 @@ function response(status, headers, body)
   end
   acked = acked + 1
   -- The body as it came, parsed after the cell (bench/load.py): matching it here took wrk's
-  -- time in every round trip of a server that waits on them (docs/benchmarks.md, "The
+  -- time in every round trip of a server that waits on them (docs/benchmarks-log.md, "The
   -- generator in the loop").
   ack_log:write(body, "\n")
 end

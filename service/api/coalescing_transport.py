@@ -20,7 +20,7 @@ class CoalescingTransport(asyncio.Transport):
     The rest of `asyncio.Transport` is the wrapped transport's own, each method spelled out:
     with a `__getattr__` to find them instead, every attribute looked up on this object (its
     own `_held` and `_transport` included) went through a slower lookup: about 7,400
-    instructions a delivery (docs/benchmarks.md).
+    instructions a delivery (docs/benchmarks-log.md).
     """
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:

@@ -24,7 +24,7 @@ def settle_collector() -> None:
     worker's collections took 0.72-0.82 s of CPU before this and 0.14-0.19 s after, start-up
     included; in bench/ingest at 128 connections, the HTTP process's CPU a delivery fell from
     150-181 us to 136-140 (`generic`) and from 172-219 to 165-170 (`standard-webhooks`), three
-    alternating runs each (docs/benchmarks.md).
+    alternating runs each (docs/benchmarks-log.md).
     """
     gc.freeze()
     _, middle, old = gc.get_threshold()

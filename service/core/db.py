@@ -94,7 +94,7 @@ EMBEDDED_MISSING = (
 # server has no segments to recycle: it creates each one as WAL reaches it, zero-filling it
 # first, and commits wait meanwhile. At PostgreSQL's default 16 MB, bench/ingest's later cells
 # on a fresh server had a p99 of 36-62 ms at 32 connections; at 1 MB (the least), 9-18 ms
-# (docs/benchmarks.md). The cost is more files in pg_wal, up to about a thousand at the
+# (docs/benchmarks-log.md). The cost is more files in pg_wal, up to about a thousand at the
 # default max_wal_size. A server that has run a while recycles its segments, whatever their
 # size, so this matters while the server is new.
 EMBEDDED_WAL_SEGMENT_MB = 1

@@ -60,7 +60,7 @@ class JsonFormatter(logging.Formatter):
 
     The line is put together here and encoded by orjson, because ingest logs one per
     delivery and python-json-logger's formatter cost several times as much per line
-    (docs/benchmarks.md, "Logs"); values orjson does not know (or a string it refuses, such
+    (docs/benchmarks-log.md, "Logs"); values orjson does not know (or a string it refuses, such
     as one with an unpaired surrogate) go through python-json-logger's encoder instead.
     """
 
@@ -272,7 +272,7 @@ def info_event(logger: logging.Logger, event: str, fields: dict[str, Any]) -> No
     installed is all the record would meet. Anything else on the way (another handler, a
     filter, a test's log capture) gets the record the ordinary way.
 
-    The standard path cost about three times as much per delivery line (docs/benchmarks.md).
+    The standard path cost about three times as much per delivery line (docs/benchmarks-log.md).
     """
     installed = _installed
     if not logger.isEnabledFor(logging.INFO):

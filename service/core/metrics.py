@@ -237,7 +237,7 @@ class Metrics:
     # commit answers tens in one turn of the event loop. Each series' value is then written
     # once at the end of the turn, by the number of deliveries it counted, instead of once
     # per delivery: under `serve` every write is a locked write to a shared file. Three of them
-    # a delivery cost 7.5 us of CPU; held, at 12 deliveries a turn, 2.6 (docs/benchmarks.md).
+    # a delivery cost 7.5 us of CPU; held, at 12 deliveries a turn, 2.6 (docs/benchmarks-log.md).
     # A scrape writes what is held first; another process's scrape sees it at the end of this
     # turn.
 

@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     # for them before ingest answers 503 (backpressure). One: what arrives while a batch is
     # written waits for the next, so batches are larger and their fixed costs (a statement, a
     # commit, a round trip) are shared by more deliveries; two flushers cost 15-30% more CPU
-    # per delivery with the database on the same cores (docs/benchmarks.md). More help when
+    # per delivery with the database on the same cores (docs/benchmarks-log.md). More help when
     # the database is far away and a commit's round trip dominates.
     ingest_flushers: int = Field(default=1, ge=1, le=32)
     ingest_max_queued: int = Field(default=5000, ge=1)

@@ -174,7 +174,7 @@ class Source(ABC, Generic[ConfigT]):
     What a kind reads of its config on every delivery is best read once, in `__init__`, as
     this class does with the token and the timestamp tolerance: a pydantic model's attributes
     are found through its `__getattr__` hook, the slow way. `generic` read eleven a delivery,
-    about 6,000 instructions (docs/benchmarks.md).
+    about 6,000 instructions (docs/benchmarks-log.md).
     """
 
     kind: ClassVar[str]

@@ -1,7 +1,7 @@
 """Rows handlers stage with `ctx.insert`, written as one binary COPY per table and column set.
 
 A row built by the ORM and flushed by the unit of work cost the worker 28-160 us of CPU per
-message beyond a handler with no effect, by machine (docs/benchmarks.md); a tuple appended
+message beyond a handler with no effect, by machine (docs/benchmarks-log.md); a tuple appended
 here and sent in the batch's COPY, 2-26 us.
 The rows are plain values: no model is built or validated, no identity map keeps them, and
 nothing is read back (no generated id). Columns left out get their SQLAlchemy `default=` when

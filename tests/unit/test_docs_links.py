@@ -1,4 +1,4 @@
-"""The README and the pages under docs/ link only to what exists: every relative link names a
+"""The READMEs and the pages under docs/ link only to what exists: every relative link names a
 file of the repository, and every `#fragment` one of the target page's headings, as GitHub
 makes their anchors."""
 
@@ -11,7 +11,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+PAGES = sorted([ROOT / "README.md", ROOT / "bench" / "README.md", *(ROOT / "docs").glob("*.md")])
 
 FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.M | re.S)
 CODE_SPAN = re.compile(r"(`+).+?\1", re.S)
