@@ -203,8 +203,12 @@ async def final_checks(url: str, acked: set[str], two_xx: int) -> dict[str, Any]
                 WHERE m.status <> 'processed') AS effects_of_unprocessed,
               (SELECT count(*) FROM inbox_messages
                 WHERE message_id LIKE '%-fail-%' AND status <> 'dead') AS fail_not_dead,
+              -- with the redeliveries of a message being handled, kept aside until the
+              -- worker's next poll adds them to its row (inbox_receipts)
               (SELECT coalesce(sum(receive_count), 0) FROM inbox_messages
-                WHERE source = 'soak' AND message_id NOT LIKE 'old-%') AS receive_count,
+                WHERE source = 'soak' AND message_id NOT LIKE 'old-%')
+              + (SELECT coalesce(sum(received), 0) FROM inbox_receipts
+                  WHERE source = 'soak' AND message_id NOT LIKE 'old-%') AS receive_count,
               (SELECT count(*) FROM inbox_messages WHERE message_id LIKE 'old-%') AS old_left
             """
         )

@@ -205,6 +205,29 @@ class ClaimRecord(InboxTable, table=True):
     actor: str | None = Field(default=None, sa_column=Column(Text))
 
 
+class ReceiptRecord(InboxTable, table=True):
+    """`inbox_receipts`: redeliveries not yet counted on their message's row (0009).
+
+    The group commit counts a redelivery on the row itself, waiting for its lock at most
+    `lock_timeout`; a batch of handlers holds its rows locked while they run, so a redelivery
+    of a message being handled is written here instead, and the worker adds it to the row's
+    `receive_count` and `last_received_at` once the row is free (`fold_receipts`).
+    """
+
+    __tablename__ = "inbox_receipts"
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(BigInteger, Identity(always=True), primary_key=True),
+    )
+    source: str = Field(sa_column=Column(Text, nullable=False))
+    message_id: str = Field(sa_column=Column(Text, nullable=False))
+    received: int = Field(sa_column=Column(Integer, nullable=False))
+    received_at: datetime = Field(
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=text("now()"))
+    )
+
+
 class AlertWatermark(InboxTable, table=True):
     """`inbox_alert_watermarks`: per alert target and source, the last dead-letter attempt
     notified and when (0004)."""
@@ -247,6 +270,22 @@ CLAIMS_FOLLOW_MESSAGES = (
     "FOR EACH STATEMENT EXECUTE FUNCTION inbox_claims_follow_truncated()",
 )
 
+# Receipts go with their message the same way (0009), by its key: a receipt is written
+# where a batch met the key stored, and names no row id.
+RECEIPTS_FOLLOW_MESSAGES = (
+    "CREATE FUNCTION inbox_receipts_follow_deleted() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$BEGIN DELETE FROM inbox_receipts AS r USING deleted "
+    "WHERE r.source = deleted.source AND r.message_id = deleted.message_id; "
+    "RETURN NULL; END$$",
+    "CREATE TRIGGER inbox_messages_deleted_receipts AFTER DELETE ON inbox_messages "
+    "REFERENCING OLD TABLE AS deleted "
+    "FOR EACH STATEMENT EXECUTE FUNCTION inbox_receipts_follow_deleted()",
+    "CREATE FUNCTION inbox_receipts_follow_truncated() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$BEGIN DELETE FROM inbox_receipts; RETURN NULL; END$$",
+    "CREATE TRIGGER inbox_messages_truncated_receipts AFTER TRUNCATE ON inbox_messages "
+    "FOR EACH STATEMENT EXECUTE FUNCTION inbox_receipts_follow_truncated()",
+)
+
 metadata = InboxTable.metadata
 
 
@@ -259,4 +298,10 @@ def _attempts_follow_messages(target: Table, connection: Connection, **kw: Any) 
 @event.listens_for(metadata.tables["inbox_claims"], "after_create")
 def _claims_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
     for statement in CLAIMS_FOLLOW_MESSAGES:
+        connection.exec_driver_sql(statement)
+
+
+@event.listens_for(metadata.tables["inbox_receipts"], "after_create")
+def _receipts_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
+    for statement in RECEIPTS_FOLLOW_MESSAGES:
         connection.exec_driver_sql(statement)

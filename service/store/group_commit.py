@@ -45,8 +45,10 @@ log = logging.getLogger(__name__)
 # - pg_notify ($3: the channel), once per batch that inserted a pending row, is sent when
 #   the statement's implicit transaction commits. The scalar subquery makes the otherwise
 #   unreferenced `woken` CTE run; a SELECT CTE nobody reads is never evaluated.
-_BATCH = """
-WITH written AS (
+_ROWS = """unnest($2::bytea[]) WITH ORDINALITY AS b(body, n)
+           CROSS JOIN LATERAL (SELECT $1::jsonb -> (n::int - 1)) AS t(r)"""
+# Each row of a batch as a message row; {rows}: where the rows (r, body) come from.
+_INSERT_ROWS = """
     INSERT INTO inbox_messages AS m (source, message_id, event_type, headers, body,
                                      content_type, status, processed_at, receive_count,
                                      trace_context)
@@ -54,8 +56,9 @@ WITH written AS (
            CASE WHEN (r->5)::boolean THEN 'processed' ELSE 'pending' END,
            CASE WHEN (r->5)::boolean THEN now() END,
            (r->6)::int, nullif(r->7, 'null')
-      FROM unnest($2::bytea[]) WITH ORDINALITY AS b(body, n)
-           CROSS JOIN LATERAL (SELECT $1::jsonb -> (n::int - 1)) AS t(r)
+      FROM {rows}"""
+_BATCH = f"""
+WITH written AS ({_INSERT_ROWS.format(rows=_ROWS)}
     ON_CONFLICT
     RETURNING m.id, m.source, m.message_id, m.xmax = 0 AS inserted, m.status = 'pending'
               AS pending
@@ -64,7 +67,7 @@ WITH written AS (
 )
 SELECT id, source, message_id, inserted, (SELECT count(*) FROM woken) AS notified
   FROM written
-"""
+"""  # noqa: S608 - our own SQL, no input
 
 # The batch with its redeliveries counted. ON CONFLICT DO UPDATE, not DO NOTHING plus a later
 # UPDATE: it locks and counts the row that conflicts even when its inserting transaction
@@ -89,6 +92,38 @@ RECORD_BATCH = _BATCH.replace(
 # refused row.
 INSERT_BATCH = _BATCH.replace("ON_CONFLICT", "")
 CONFLICT_WINDOW_SECONDS = 10.0
+
+# How long a batch waits for a lock before it stops waiting (the ingest connections'
+# `lock_timeout`). RECORD_BATCH waits for the row lock of each stored key it counts, and a
+# batch of Python handlers holds its messages' rows locked for as long as its handlers run
+# (up to `handler_timeout_seconds`): a redelivery of a message being handled would hold the
+# whole batch, and every delivery queued behind it, that long. Other waits (a concurrent
+# batch inserting the same key, an admin action on the row) last milliseconds.
+LOCK_WAIT = "100ms"
+
+# The batch when a row it would count stayed locked past LOCK_WAIT: new keys are inserted as
+# ever, and each stored key's redeliveries are kept in `inbox_receipts`, with no lock taken
+# on the stored row, for the worker to add to it once it is free (`fold_receipts`). DO
+# NOTHING waits only for a concurrent insert of the same key, never for a stored row's lock;
+# run without LOCK_WAIT, inside a transaction of its own.
+DEFER_BATCH = f"""
+WITH batch AS MATERIALIZED (
+    SELECT r, body FROM {_ROWS}
+), written AS ({_INSERT_ROWS.format(rows="batch")}
+    ON CONFLICT (source, message_id) DO NOTHING
+    RETURNING m.id, m.source, m.message_id, true AS inserted, m.status = 'pending' AS pending
+), deferred AS (
+    INSERT INTO inbox_receipts (source, message_id, received)
+    SELECT r->>0, r->>1, (r->6)::int
+      FROM batch
+     WHERE NOT EXISTS (SELECT 1 FROM written AS w
+                        WHERE w.source = r->>0 AND w.message_id = r->>1)
+), woken AS (
+    SELECT pg_notify($3, '') FROM written WHERE pending LIMIT 1
+)
+SELECT id, source, message_id, inserted, (SELECT count(*) FROM woken) AS notified
+  FROM written
+"""  # noqa: S608 - our own SQL, no input
 
 # A deadlock or serialization failure rolls back the whole batch; trying again is safe.
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
@@ -204,6 +239,7 @@ class GroupCommitter:
         # shortly before.
         self._conflicts_until = 0.0
         self.conflict_retries = 0  # batches written again: their plain insert met a stored key
+        self.deferred_batches = 0  # batches whose redeliveries went to inbox_receipts
         self._on_rewrite = on_rewrite  # told of each of them (the metrics)
 
     def start(self) -> None:
@@ -225,7 +261,7 @@ class GroupCommitter:
             timeout=self.connect_timeout,
             # A hung server must not hold a flusher (and its batch's requests) forever.
             command_timeout=command_timeout(self.connect_timeout),
-            server_settings={"application_name": "webhook-inbox ingest"},
+            server_settings={"application_name": "webhook-inbox ingest", "lock_timeout": LOCK_WAIT},
         )
         return connection
 
@@ -393,6 +429,30 @@ class GroupCommitter:
     async def _insert(
         self, pg: asyncpg.Connection, document: str, bodies: list[bytes]
     ) -> list[asyncpg.Record]:
+        try:
+            return await self._insert_counting(pg, document, bodies)
+        except asyncpg.exceptions.LockNotAvailableError:
+            # A stored row of the batch stayed locked past LOCK_WAIT (a batch of handlers is
+            # running its message): keep its redeliveries aside instead of waiting for it.
+            self.deferred_batches += 1
+            async with pg.transaction():
+                await pg.execute("SET LOCAL lock_timeout = 0")
+                written: list[asyncpg.Record] = await pg.fetch(
+                    DEFER_BATCH, document, bodies, NOTIFY_CHANNEL
+                )
+            if len(written) < len(bodies):  # it met stored keys, not only a table's lock
+                log.info(
+                    "redeliveries kept aside: their messages' rows are held by running batches",
+                    extra={"messages": len(bodies) - len(written)},
+                )
+                loop = self._loop or asyncio.get_running_loop()
+                self._conflicts_until = loop.time() + CONFLICT_WINDOW_SECONDS
+            return written
+
+    async def _insert_counting(
+        self, pg: asyncpg.Connection, document: str, bodies: list[bytes]
+    ) -> list[asyncpg.Record]:
+        """The batch with each redelivery counted on its stored row."""
         if not self.expects_conflicts:
             try:
                 inserted: list[asyncpg.Record] = await pg.fetch(

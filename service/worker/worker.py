@@ -45,6 +45,7 @@ from service.store.claims import (
 )
 from service.store.errors import StoreUnavailable
 from service.store.notifications import listen_for_messages
+from service.store.receipts import fold_receipts
 from service.worker.dead_letter_alerts import alert_periodically
 from service.worker.gate import Gate
 from service.worker.retention import prune_periodically
@@ -627,6 +628,13 @@ class Worker:
                     self.wake_one()
             except Exception as exc:
                 log.warning("lease reaping failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+            try:
+                await fold_receipts(self.engine)
+            except Exception as exc:
+                log.warning(
+                    "counting kept redeliveries failed",
+                    extra={"error": f"{type(exc).__name__}: {exc}"},
+                )
 
     async def reap_expired_leases(self) -> int:
         """Finish expired claims as unfinished attempts: retrying (run alone next), or dead when

@@ -8,8 +8,8 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -186,16 +186,25 @@ async def test_a_processing_process_killed_mid_batch_loses_and_repeats_nothing(
     assert death["exit_status"] == "killed by SIGKILL"
 
 
-async def test_a_handler_blocking_its_event_loop_does_not_slow_ingest(
+@asynccontextmanager
+async def a_blocked_handler(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
-) -> None:
+) -> AsyncIterator[tuple[ServerProcess, Path, bytes]]:
+    """`serve` whose handler has been given the message "blocker" and blocks its event loop
+    for good (at most 60 s) until the test touches the gate file; with that file and the body."""
     await create_effects(db)
     with serving(tmp_path, source_toml("block_loop"), DATABASE_URL=database_url) as server:
         await wait_listening(db, 1)
-        # Blocked for good until the test lets go (at most 60 s).
         gate = tmp_path / "let-go"
         body = json.dumps({"sleep": 60, "until": str(gate)}).encode()
         assert (await deliver(server.url, ["blocker"], body=body)) == {"blocker": 200}
+        yield server, gate, body
+
+
+async def test_a_handler_blocking_its_event_loop_does_not_slow_ingest(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    async with a_blocked_handler(database_url, db, tmp_path) as (server, gate, _):
         # The watchdog names the handler once the processing loop has been stuck for 1 s. (On a
         # busy machine a start-up can stall the loop too: such a block names no handler.)
         deadline = time.monotonic() + 15
@@ -336,3 +345,42 @@ async def test_each_child_imports_the_handlers_afresh_and_the_supervisor_none(
     # The child that checked them at start, the HTTP child, and both processing children.
     assert len(set(pids)) == len(pids) == 4
     assert {http.pid, first.pid, restarted[0].pid} < set(pids)
+
+
+async def test_a_redelivery_of_a_message_in_flight_does_not_stall_ingest(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """A sender that redelivers a message while its handler runs (its ack was lost, or it
+    retries on a timer) gets its answer, and the deliveries committed beside it theirs, without
+    waiting for the handler: the batch holding the message's row locked runs for as long as
+    the handler does (`handler_timeout_seconds`, 60 s by default)."""
+    async with a_blocked_handler(database_url, db, tmp_path) as (server, gate, body):
+        await wait_until(db, "SELECT count(*) FROM inbox_claims", 1, 15)
+        latencies = []
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+
+            async def timed(message_id: str, content: bytes) -> tuple[int, float]:
+                began = time.perf_counter()
+                reply = await client.post(
+                    "/webhooks/s", content=content, headers={"x-id": message_id}
+                )
+                return reply.status_code, time.perf_counter() - began
+
+            for i in range(20):
+                # The redelivery and a new message, sent together: one batch, or two at once.
+                (again, took), (fresh, fresh_took) = await asyncio.gather(
+                    timed("blocker", body), timed(f"l-{i}", b"{}")
+                )
+                assert (again, fresh) == (200, 200)
+                latencies += [took, fresh_took]
+                await asyncio.sleep(0.05)
+        latencies.sort()
+        assert latencies[-1] < 1.0, latencies[-5:]
+        # Meanwhile the redeliveries wait beside the row the batch holds, counted when it ends.
+        assert await db.fetchval("SELECT sum(received) FROM inbox_receipts") == 20
+        gate.touch()
+        await wait_until(db, PROCESSED, 21, 60)
+        counted = "SELECT receive_count FROM inbox_messages WHERE message_id = 'blocker'"
+        await wait_until(db, counted, 21, 10)
+        assert await db.fetchval("SELECT count(*) FROM inbox_receipts") == 0
+    assert await db.fetchval("SELECT count(*) FROM effects") == 21

@@ -19,6 +19,7 @@ from service.sources.base import Message, Recorded
 from service.store import group_commit
 from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
 from service.store.group_commit import GroupCommitter, _Deadlines
+from service.store.receipts import fold_receipts
 
 
 @pytest.fixture
@@ -403,3 +404,70 @@ async def test_racing_batches_in_flight_count_every_redelivery_exactly_once(
     for committer in committers:
         await committer.close()
     await engine.dispose()
+
+
+async def test_a_redelivery_of_a_row_a_batch_holds_is_kept_aside_without_waiting(
+    database_url: str, committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    """A batch of handlers holds its messages' rows locked while they run. A redelivery of one
+    is answered at once, a duplicate, with the new deliveries beside it; its count waits in
+    inbox_receipts until the row is free, and is then added to the row, once."""
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('s', 'busy', '')"
+    )
+    worker = await asyncpg.connect(asyncpg_dsn(database_url))
+    batch = worker.transaction()
+    await batch.start()
+    try:
+        await worker.execute("SELECT 1 FROM inbox_messages WHERE message_id = 'busy' FOR UPDATE")
+        began = time.monotonic()
+        tasks = [record(committer, "busy", "fresh"), record(committer, "busy")]
+        outcomes = [[r.outcome for r in await t] for t in tasks]
+        took = time.monotonic() - began
+        assert outcomes == [["duplicate", "accepted"], ["duplicate"]]
+        assert took < 2.0, took  # a lock wait of LOCK_WAIT, not the batch's whole run
+        assert committer.deferred_batches >= 1
+        kept = "SELECT sum(received) FROM inbox_receipts WHERE message_id = 'busy'"
+        assert await db.fetchval(kept) == 2
+        assert await fold_receipts(committer.engine) == 0  # still held: left for later
+        assert await db.fetchval(kept) == 2
+    finally:
+        await batch.commit()
+        await worker.close()
+    assert await fold_receipts(committer.engine) == 2
+    assert await fold_receipts(committer.engine) == 0
+    row = await db.fetchrow(
+        "SELECT receive_count, last_received_at > received_at AS later FROM inbox_messages "
+        "WHERE message_id = 'busy'"
+    )
+    assert (row["receive_count"], row["later"]) == (3, True)
+    assert await db.fetchval("SELECT count(*) FROM inbox_receipts") == 0
+
+
+async def test_a_table_lock_is_waited_for_and_opens_no_conflict_window(
+    database_url: str, committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    """A lock on the whole table (a migration, an operator's LOCK) outlasts LOCK_WAIT too: the
+    batch is written once the lock is gone, as before, with no receipt and no window of
+    counted inserts, since it met no stored key."""
+    tasks = await held_behind_a_lock(database_url, committer, ("a",), ("b",))
+    assert [[r.outcome for r in await t] for t in tasks] == [["accepted"], ["accepted"]]
+    assert committer.deferred_batches >= 1
+    assert not committer.expects_conflicts
+    assert await db.fetchval("SELECT count(*) FROM inbox_receipts") == 0
+
+
+async def test_receipts_go_with_their_messages(db: asyncpg.Connection) -> None:
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) "
+        "VALUES ('s', 'a', ''), ('s', 'b', ''), ('t', 'a', '')"
+    )
+    await db.execute(
+        "INSERT INTO inbox_receipts (source, message_id, received) "
+        "VALUES ('s', 'a', 1), ('s', 'b', 2), ('t', 'a', 1)"
+    )
+    await db.execute("DELETE FROM inbox_messages WHERE source = 's' AND message_id = 'a'")
+    left = await db.fetch("SELECT source, message_id FROM inbox_receipts ORDER BY 1, 2")
+    assert [tuple(r) for r in left] == [("s", "b"), ("t", "a")]
+    await db.execute("TRUNCATE inbox_messages")
+    assert await db.fetchval("SELECT count(*) FROM inbox_receipts") == 0

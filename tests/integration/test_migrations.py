@@ -47,6 +47,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_messages",
             "inbox_attempts",
             "inbox_claims",
+            "inbox_receipts",
             "inbox_alert_watermarks",
         }
         await downgrade(engine, "base")
