@@ -40,6 +40,7 @@ class Stats:
     errors: Counter[int] = field(default_factory=Counter)
     statuses: Counter[int] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)  # seconds, from when it was due
+    slowest: dict[int, float] = field(default_factory=dict)  # per second: the longest latency
     send_lag: list[float] = field(default_factory=list)  # seconds between due and written
     acked_ids: list[str] = field(default_factory=list)
     error_samples: list[str] = field(default_factory=list)
@@ -203,7 +204,9 @@ class Generator:
     def answered(self, request: Request, status: int) -> None:
         stats, second = self.stats, request.second
         stats.statuses[status] += 1
-        stats.latencies.append(time.perf_counter() - request.due)
+        latency = time.perf_counter() - request.due
+        stats.latencies.append(latency)
+        stats.slowest[second] = max(latency, stats.slowest.get(second, 0.0))
         stats.send_lag.append(request.written - request.due)
         if 200 <= status < 300:
             stats.acked[second] += 1
@@ -278,6 +281,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     generator = Generator(host, port, args.max_connections, args.timeout, stats)
     total = int(args.rate * args.duration)
     start = time.perf_counter() + 0.05
+    start_epoch = time.time() + 0.05  # second s of the schedule began at start_epoch + s
     next_expiry = start + 0.5
     n = 0
     while n < total:
@@ -304,7 +308,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     generator.close()
     if args.acked:
         Path(args.acked).write_text("".join(f"{i}\n" for i in stats.acked_ids))
-    return summarise(args, stats, total, offered_for, generator.peak)
+    return summarise(args, stats, total, offered_for, generator.peak) | {"start_epoch": start_epoch}
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -345,6 +349,7 @@ def summarise(
                 "acked": stats.acked[s],
                 "non_2xx": stats.non_2xx[s],
                 "errors": stats.errors[s],
+                "slowest_ms": ms(stats.slowest.get(s)),
             }
             for s in range(seconds)
         ],

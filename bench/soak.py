@@ -94,6 +94,8 @@ class Admin:
     retried: int = 0
     per_minute: Counter[int] = field(default_factory=Counter)
     pruned_per_minute: Counter[int] = field(default_factory=Counter)
+    # Each call (and each seeding of old rows): when it began (epoch), how long, what.
+    spans: list[tuple[float, float, str]] = field(default_factory=list)
 
 
 async def admin_loop(
@@ -109,11 +111,14 @@ async def admin_loop(
         async def call(name: str, method: str, path: str, **kw: Any) -> dict[str, Any] | None:
             admin.calls[name] += 1
             admin.per_minute[int((time.monotonic() - started) // 60)] += 1
+            began = time.time()
             try:
                 response = await client.request(method, path, **kw)
             except Exception as exc:
+                admin.spans.append((began, time.time() - began, name))
                 admin.errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 return None
+            admin.spans.append((began, time.time() - began, name))
             if response.status_code // 100 != 2:
                 admin.errors.append(f"{name}: HTTP {response.status_code}: {response.text[:200]}")
                 return None
@@ -140,7 +145,9 @@ async def admin_loop(
                     done = await call("bulk retry", "POST", "/admin/messages/retry", json=body)
                     admin.retried += (done or {}).get("retried", 0)
                 if tick % 30 == 10:
+                    began = time.time()
                     await db.execute(SEED_OLD, f"old-{tick}-", BODY_TEMPLATE, seed)
+                    admin.spans.append((began, time.time() - began, "seed old rows"))
                     admin.seeded += seed
                     done = await call("prune", "POST", "/admin/prune")
                     deleted = (done or {}).get("deleted", 0)
@@ -332,6 +339,7 @@ async def soak(
                 "failed": sum(s["non_2xx"] + s["errors"] for s in seconds_of),
                 "admin_calls": admin.per_minute[m],
                 "pruned": admin.pruned_per_minute[m],
+                "slowest_ms": max((s["slowest_ms"] or 0 for s in seconds_of), default=0),
             }
         )
     return {
@@ -344,6 +352,7 @@ async def soak(
             "bulk_retried": admin.retried,
         },
         "per_minute": per_minute,
+        "slowest_seconds": slowest_seconds(load, admin.spans),
         "settled": settled,
         "final_counts": counts,
         "checks": checks,
@@ -352,18 +361,38 @@ async def soak(
     }
 
 
+def slowest_seconds(
+    load: dict[str, Any], spans: list[tuple[float, float, str]], count: int = 5
+) -> list[dict[str, Any]]:
+    """The seconds of the schedule whose slowest delivery took longest, each with the admin
+    calls that overlapped its requests (from the second's start to its slowest answer)."""
+    seconds = [s for s in load["per_second"] if s["slowest_ms"] is not None]
+    seconds.sort(key=lambda s: s["slowest_ms"], reverse=True)
+    found = []
+    for s in seconds[:count]:
+        begin = load["start_epoch"] + s["second"]
+        end = begin + 1 + s["slowest_ms"] / 1000
+        overlapping = Counter(name for at, took, name in spans if at < end and at + took > begin)
+        found.append(
+            {"second": s["second"], "slowest_ms": s["slowest_ms"], "admin": dict(overlapping)}
+        )
+    return found
+
+
 def render(result: dict[str, Any]) -> str:
     load, admin, checks, rss = result["load"], result["admin"], result["checks"], result["rss_mb"]
     errors = load["non_2xx"] + load["errors"] + len(admin["errors"])
     lines = [
-        "minute   sent  acked  failed  processed  dead(total)  admin calls  pruned  RSS MB  CPU %",
-        "------  -----  -----  ------  ---------  -----------  -----------  ------  ------  -----",
+        "minute   sent  acked  failed  processed  dead(total)  admin calls  pruned  RSS MB  CPU %"
+        "  slowest ms",
+        "------  -----  -----  ------  ---------  -----------  -----------  ------  ------  -----"
+        "  ----------",
     ]
     for m in result["per_minute"]:
         lines.append(
             f"{m['minute']:>6}  {m['sent']:>5}  {m['acked']:>5}  {m['failed']:>6}  "
             f"{m['processed']:>9}  {m['dead_total']:>11}  {m['admin_calls']:>11}  "
-            f"{m['pruned']:>6}  {m['rss_mb']:>6}  {m['cpu_percent']:>5.0f}"
+            f"{m['pruned']:>6}  {m['rss_mb']:>6}  {m['cpu_percent']:>5.0f}  {m['slowest_ms']:>10}"
         )
     start = rss["start"] or rss["boot"]
     growth = 100 * (rss["end"] - start) / start
@@ -372,7 +401,12 @@ def render(result: dict[str, Any]) -> str:
         f"ingest: {load['requests']} deliveries offered at {load['target_rate']:g}/s "
         f"(achieved {load['achieved_rate']}/s), {load['acked']} acked, "
         f"{load['non_2xx']} non-2xx, {load['errors']} errors; HTTP p50 "
-        f"{load['latency_ms']['p50']} ms, p99 {load['latency_ms']['p99']} ms",
+        f"{load['latency_ms']['p50']} ms, p99 {load['latency_ms']['p99']} ms, p99.9 "
+        f"{load['latency_ms']['p99.9']} ms, slowest {load['latency_ms']['p100']} ms",
+        "slowest seconds of the schedule, with the admin calls in flight meanwhile: "
+        + "; ".join(
+            f"{s['second']} s: {s['slowest_ms']} ms {s['admin']}" for s in result["slowest_seconds"]
+        ),
         f"admin: {sum(admin['calls'].values())} calls {admin['calls']}, {len(admin['errors'])} "
         f"errors; bulk retries re-queued {admin['bulk_retried']}; pruned {admin['pruned']} of "
         f"{admin['seeded']} seeded old rows",
