@@ -241,7 +241,7 @@ class GroupCommitter:
         # shortly before.
         self._conflicts_until = 0.0
         self.conflict_retries = 0  # batches written again: their plain insert met a stored key
-        self.deferred_batches = 0  # batches whose redeliveries went to inbox_receipts
+        self.deferred_batches = 0  # batches written with DEFER_BATCH: a lock outlasted LOCK_WAIT
         self._on_rewrite = on_rewrite  # told of each of them (the metrics)
 
     def start(self) -> None:
