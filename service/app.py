@@ -67,6 +67,7 @@ def create_app(
             wait_timeout=settings.db_timeout_seconds * 2,
             connect_timeout=settings.db_timeout_seconds,
             on_rewrite=app_metrics.ingest_batch_rewritten,
+            on_kept_aside=app_metrics.ingest_redeliveries_kept_aside,
         )
         app.state.inbox = AppState(
             settings=settings,

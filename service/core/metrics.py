@@ -199,6 +199,14 @@ class Metrics:
             "unique violation, in PostgreSQL's log.",
             registry=self.registry,
         )
+        self.ingest_kept_aside = Counter(
+            "webhook_inbox_ingest_redeliveries_kept_aside",
+            "Redelivered messages (each once a group-commit batch) whose row a running batch of "
+            "handlers held past the group commit's lock wait: answered at once and kept in "
+            "inbox_receipts, then added to the row's receive_count by the worker's next poll "
+            "once that batch has ended.",
+            registry=self.registry,
+        )
         self._delivery_counters: dict[tuple[str, ...], Counter] = {}
         self._ingest_histograms: dict[tuple[str, ...], Histogram] = {}
         # Ingest's counts and durations of the current turn of the event loop, written at its
@@ -282,6 +290,10 @@ class Metrics:
     def ingest_batch_rewritten(self) -> None:
         """A group-commit batch met a stored key and was written again counting it."""
         self.ingest_rewrites.inc()
+
+    def ingest_redeliveries_kept_aside(self, count: int) -> None:
+        """`count` redeliveries met their rows held and were kept in inbox_receipts."""
+        self.ingest_kept_aside.inc(count)
 
     def attempt_finished(self, source: str, outcome: str, duration_seconds: float) -> None:
         """For the worker: one attempt ended with `outcome` after `duration_seconds`."""

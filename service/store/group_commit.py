@@ -222,6 +222,7 @@ class GroupCommitter:
         wait_timeout: float = 10.0,
         connect_timeout: float = 5.0,
         on_rewrite: Callable[[], None] | None = None,
+        on_kept_aside: Callable[[int], None] | None = None,
     ) -> None:
         self.engine = engine
         self.connect_timeout = connect_timeout
@@ -243,6 +244,7 @@ class GroupCommitter:
         self.conflict_retries = 0  # batches written again: their plain insert met a stored key
         self.deferred_batches = 0  # batches written with DEFER_BATCH: a lock outlasted LOCK_WAIT
         self._on_rewrite = on_rewrite  # told of each of them (the metrics)
+        self._on_kept_aside = on_kept_aside  # told how many redeliveries went to inbox_receipts
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -442,11 +444,14 @@ class GroupCommitter:
                 written: list[asyncpg.Record] = await pg.fetch(
                     DEFER_BATCH, document, bodies, NOTIFY_CHANNEL
                 )
-            if len(written) < len(bodies):  # it met stored keys, not only a table's lock
+            kept = len(bodies) - len(written)
+            if kept:  # it met stored keys, not only a table's lock
                 log.info(
                     "redeliveries kept aside: their messages' rows are held by running batches",
-                    extra={"messages": len(bodies) - len(written)},
+                    extra={"messages": kept},
                 )
+                if self._on_kept_aside is not None:
+                    self._on_kept_aside(kept)
                 loop = self._loop or asyncio.get_running_loop()
                 self._conflicts_until = loop.time() + CONFLICT_WINDOW_SECONDS
             return written

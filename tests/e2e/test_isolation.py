@@ -378,6 +378,9 @@ async def test_a_redelivery_of_a_message_in_flight_does_not_stall_ingest(
         assert latencies[-1] < 1.0, latencies[-5:]
         # Meanwhile the redeliveries wait beside the row the batch holds, counted when it ends.
         assert await db.fetchval("SELECT sum(received) FROM inbox_receipts") == 20
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+            scraped = (await client.get("/metrics")).text
+        assert "webhook_inbox_ingest_redeliveries_kept_aside_total 20.0" in scraped
         gate.touch()
         await wait_until(db, PROCESSED, 21, 60)
         counted = "SELECT receive_count FROM inbox_messages WHERE message_id = 'blocker'"
