@@ -452,8 +452,7 @@ class GroupCommitter:
                 )
                 if self._on_kept_aside is not None:
                     self._on_kept_aside(kept)
-                loop = self._loop or asyncio.get_running_loop()
-                self._conflicts_until = loop.time() + CONFLICT_WINDOW_SECONDS
+                self._met_stored_keys()
             return written
 
     async def _insert_counting(
@@ -475,11 +474,15 @@ class GroupCommitter:
             RECORD_BATCH, document, bodies, NOTIFY_CHANNEL
         )
         if not all(row["inserted"] for row in written):
-            # Redeliveries keep the window open: a sender that keeps sending them costs one
-            # failed statement when it starts, not one a window.
-            loop = self._loop or asyncio.get_running_loop()
-            self._conflicts_until = loop.time() + CONFLICT_WINDOW_SECONDS
+            self._met_stored_keys()
         return written
+
+    def _met_stored_keys(self) -> None:
+        """A batch met stored keys: write batches counting redeliveries for the next window.
+        Redeliveries keep the window open: a sender that keeps sending them costs one failed
+        statement when it starts, not one a window."""
+        loop = self._loop or asyncio.get_running_loop()
+        self._conflicts_until = loop.time() + CONFLICT_WINDOW_SECONDS
 
     async def _write_once(
         self, pg: asyncpg.Connection, batch: list[_Entry]
