@@ -25,7 +25,7 @@ import asyncpg
 
 from bench import report
 from bench.load import MODES, LoadResult, ensure_wrk, run_cell_load, run_wrk, write_requests
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, add_recycled_wal_argument, recycled_wal
 from bench.servers import Server, process_tree, tree_cpu_seconds
 from bench.systems import (
     RESULTS_DIR,
@@ -84,14 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated id modes of the cells: unique (every id new), dup50 (half the "
         "requests repeat an earlier one); with --profile, the modes profiled (unique,dup50)",
     )
-    parser.add_argument(
-        "--recycled-wal",
-        action="store_true",
-        help="first have the embedded PostgreSQL write and checkpoint about 900 MB of WAL, "
-        "so that the cells write into recycled WAL segments, as on a server that has been "
-        "running, instead of segments created as they go (not the default: the fresh "
-        "server's tail is reported unless asked)",
-    )
+    add_recycled_wal_argument(parser, "cells")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 1 round of 3 s cells, 1 s warm-up"
     )
@@ -307,9 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         info["postgres"] = {"embedded": pg.embedded, **asyncio.run(pg.settings())}
         if args.recycled_wal:
-            segments = asyncio.run(pg.recycle_wal())
-            info["postgres"]["recycled_wal_segments"] = segments
-            print(f"recycled WAL: the server holds {segments} segments", flush=True)
+            info["postgres"]["recycled_wal_segments"] = recycled_wal(pg)
         processes = build_processes(pg, work, args, key)
         cells = {
             (t.name, c, m): Cell(t.name, c, m)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import os
 import shutil
 import tempfile
@@ -141,3 +143,23 @@ class BenchPostgres:
             return {name: await conn.fetchval(f"SHOW {name}") for name in REPORTED_SETTINGS}
         finally:
             await conn.close()
+
+
+def add_recycled_wal_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--recycled-wal`, for a benchmark whose `what` (its cells, its runs) write to the
+    embedded server: `recycled_wal` then prepares the server."""
+    parser.add_argument(
+        "--recycled-wal",
+        action="store_true",
+        help="first have the embedded PostgreSQL write and checkpoint about 900 MB of WAL, "
+        f"so that the {what} write into recycled WAL segments, as on a server that has been "
+        "running, instead of segments created as they go (not the default: the fresh "
+        "server's tail is reported unless asked)",
+    )
+
+
+def recycled_wal(pg: BenchPostgres) -> int:
+    """`BenchPostgres.recycle_wal`, said on the console; how many segments the server holds."""
+    segments = asyncio.run(pg.recycle_wal())
+    print(f"recycled WAL: the server holds {segments} segments", flush=True)
+    return segments

@@ -26,7 +26,7 @@ import psutil
 
 from bench.handlers import EFFECTS_DDL
 from bench.load import BODY_TEMPLATE
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, add_recycled_wal_argument, recycled_wal
 from bench.profile import analyse, find_py_spy
 from bench.servers import MemorySampler, Server, process_tree, tree_cpu_seconds
 from bench.systems import RESULTS_DIR, console_script
@@ -107,14 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--skip-latency", action="store_true", help="only the drain runs, no latency run"
     )
-    parser.add_argument(
-        "--recycled-wal",
-        action="store_true",
-        help="first have the embedded PostgreSQL write and checkpoint about 900 MB of WAL, "
-        "so that the runs write into recycled WAL segments, as on a server that has been "
-        "running, instead of segments created as they go (not the default: the fresh "
-        "server's tail is reported unless asked)",
-    )
+    add_recycled_wal_argument(parser, "runs")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 5,000 messages, 5 s of load"
     )
@@ -782,9 +775,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         settings = asyncio.run(pg.settings())
         if args.recycled_wal:
-            segments = asyncio.run(pg.recycle_wal())
-            settings["recycled_wal_segments"] = str(segments)
-            print(f"recycled WAL: the server holds {segments} segments", flush=True)
+            settings["recycled_wal_segments"] = str(recycled_wal(pg))
         url = asyncio.run(pg.create_database("bench_process"))
         envs = {h: service_env(url, work, args.log_level, h) for h in args.handlers}
         env = envs[args.handlers[0]]

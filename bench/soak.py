@@ -115,10 +115,10 @@ async def admin_loop(
             try:
                 response = await client.request(method, path, **kw)
             except Exception as exc:
-                admin.spans.append((began, time.time() - began, name))
                 admin.errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 return None
-            admin.spans.append((began, time.time() - began, name))
+            finally:
+                admin.spans.append((began, time.time() - began, name))
             if response.status_code // 100 != 2:
                 admin.errors.append(f"{name}: HTTP {response.status_code}: {response.text[:200]}")
                 return None
