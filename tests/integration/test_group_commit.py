@@ -444,6 +444,45 @@ async def test_a_redelivery_of_a_row_a_batch_holds_is_kept_aside_without_waiting
     assert await db.fetchval("SELECT count(*) FROM inbox_receipts") == 0
 
 
+async def test_a_refused_row_beside_a_held_row_fails_only_its_own_request(
+    database_url: str, committer: GroupCommitter, db: asyncpg.Connection
+) -> None:
+    """A batch that meets a held row and a refused one: written again past the lock wait
+    (DEFER_BATCH), it is refused as a whole and halved like any other, so the bad request alone
+    fails, each redelivery of the held row is kept aside once, the new message is stored. The
+    refused id sorts after the held one, so the refusal comes after the lock wait."""
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('s', 'busy', '')"
+    )
+    worker = await asyncpg.connect(asyncpg_dsn(database_url))
+    batch = worker.transaction()
+    await batch.start()
+    try:
+        await worker.execute("SELECT 1 FROM inbox_messages WHERE message_id = 'busy' FOR UPDATE")
+        first = record(committer, "busy")  # the flusher waits LOCK_WAIT on the held row...
+        await asyncio.sleep(0.01)  # ...while these three queue: the next batch
+        busy, fresh = record(committer, "busy"), record(committer, "fresh")
+        bad = asyncio.ensure_future(
+            committer.record("s", REFUSED["id over the CHECK's 512"], {}, b"{}", None)
+        )
+        assert [r.outcome for r in await first] == ["duplicate"]
+        assert [r.outcome for r in await busy] == ["duplicate"]
+        assert [r.outcome for r in await fresh] == ["accepted"]
+        with pytest.raises(StoreRefused):
+            await bad
+        assert committer.deferred_batches >= 2
+    finally:
+        await batch.commit()
+        await worker.close()
+    stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
+    assert stored == {"busy", "fresh"}
+    assert await db.fetchval("SELECT sum(received) FROM inbox_receipts") == 2
+    assert await fold_receipts(committer.engine) == 2
+    assert (
+        await db.fetchval("SELECT receive_count FROM inbox_messages WHERE message_id = 'busy'") == 3
+    )
+
+
 async def test_a_table_lock_is_waited_for_and_opens_no_conflict_window(
     database_url: str, committer: GroupCommitter, db: asyncpg.Connection
 ) -> None:
