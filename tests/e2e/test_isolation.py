@@ -374,12 +374,10 @@ async def test_a_redelivery_of_a_message_in_flight_does_not_stall_ingest(
                 assert (again, fresh) == (200, 200)
                 latencies += [took, fresh_took]
                 await asyncio.sleep(0.05)
-        latencies.sort()
-        assert latencies[-1] < 1.0, latencies[-5:]
+            scraped = (await client.get("/metrics")).text
+        assert max(latencies) < 1.0, sorted(latencies)[-5:]
         # Meanwhile the redeliveries wait beside the row the batch holds, counted when it ends.
         assert await db.fetchval("SELECT sum(received) FROM inbox_receipts") == 20
-        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
-            scraped = (await client.get("/metrics")).text
         assert "webhook_inbox_ingest_redeliveries_kept_aside_total 20.0" in scraped
         gate.touch()
         await wait_until(db, PROCESSED, 21, 60)
