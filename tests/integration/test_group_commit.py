@@ -406,20 +406,33 @@ async def test_racing_batches_in_flight_count_every_redelivery_exactly_once(
     await engine.dispose()
 
 
+@asynccontextmanager
+async def a_held_row(
+    database_url: str, db: asyncpg.Connection, message_id: str
+) -> AsyncIterator[None]:
+    """A stored message whose row another transaction holds locked while inside, as a batch
+    of handlers does while they run; committed on the way out."""
+    await db.execute(
+        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('s', $1, '')", message_id
+    )
+    worker = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        async with worker.transaction():
+            await worker.execute(
+                "SELECT 1 FROM inbox_messages WHERE message_id = $1 FOR UPDATE", message_id
+            )
+            yield
+    finally:
+        await worker.close()
+
+
 async def test_a_redelivery_of_a_row_a_batch_holds_is_kept_aside_without_waiting(
     database_url: str, committer: GroupCommitter, db: asyncpg.Connection
 ) -> None:
     """A batch of handlers holds its messages' rows locked while they run. A redelivery of one
     is answered at once, a duplicate, with the new deliveries beside it; its count waits in
     inbox_receipts until the row is free, and is then added to the row, once."""
-    await db.execute(
-        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('s', 'busy', '')"
-    )
-    worker = await asyncpg.connect(asyncpg_dsn(database_url))
-    batch = worker.transaction()
-    await batch.start()
-    try:
-        await worker.execute("SELECT 1 FROM inbox_messages WHERE message_id = 'busy' FOR UPDATE")
+    async with a_held_row(database_url, db, "busy"):
         began = time.monotonic()
         tasks = [record(committer, "busy", "fresh"), record(committer, "busy")]
         outcomes = [[r.outcome for r in await t] for t in tasks]
@@ -431,9 +444,6 @@ async def test_a_redelivery_of_a_row_a_batch_holds_is_kept_aside_without_waiting
         assert await db.fetchval(kept) == 2
         assert await fold_receipts(committer.engine) == 0  # still held: left for later
         assert await db.fetchval(kept) == 2
-    finally:
-        await batch.commit()
-        await worker.close()
     assert await fold_receipts(committer.engine) == 2
     assert await fold_receipts(committer.engine) == 0
     row = await db.fetchrow(
@@ -451,14 +461,7 @@ async def test_a_refused_row_beside_a_held_row_fails_only_its_own_request(
     (DEFER_BATCH), it is refused as a whole and halved like any other, so the bad request alone
     fails, each redelivery of the held row is kept aside once, the new message is stored. The
     refused id sorts after the held one, so the refusal comes after the lock wait."""
-    await db.execute(
-        "INSERT INTO inbox_messages (source, message_id, body) VALUES ('s', 'busy', '')"
-    )
-    worker = await asyncpg.connect(asyncpg_dsn(database_url))
-    batch = worker.transaction()
-    await batch.start()
-    try:
-        await worker.execute("SELECT 1 FROM inbox_messages WHERE message_id = 'busy' FOR UPDATE")
+    async with a_held_row(database_url, db, "busy"):
         first = record(committer, "busy")  # the flusher waits LOCK_WAIT on the held row...
         await asyncio.sleep(0.01)  # ...while these three queue: the next batch
         busy, fresh = record(committer, "busy"), record(committer, "fresh")
@@ -471,9 +474,6 @@ async def test_a_refused_row_beside_a_held_row_fails_only_its_own_request(
         with pytest.raises(StoreRefused):
             await bad
         assert committer.deferred_batches >= 2
-    finally:
-        await batch.commit()
-        await worker.close()
     stored = {r["message_id"] for r in await db.fetch("SELECT message_id FROM inbox_messages")}
     assert stored == {"busy", "fresh"}
     assert await db.fetchval("SELECT sum(received) FROM inbox_receipts") == 2
