@@ -180,9 +180,9 @@ async def run_source(source: str, rounds: int, connections: int) -> float:
 
     from service.api.http_protocol import BoundedHttpToolsProtocol
     from service.app import create_app
-    from service.cli import load
     from service.core.collector import settle_collector
     from service.serve import uvicorn_options
+    from service.startup import load
 
     settings, inbox, _ = load(role="http")
     app = create_app(settings, inbox)

@@ -5,28 +5,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
-import logging
-import signal
 import sys
-from collections.abc import Coroutine, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from service.commands import db_url as db_url_command
 from service.commands import inbox as inbox_commands
 from service.commands import send as send_command
-from service.commands.outcome import CommandError, Exit, not_migrated
+from service.commands.outcome import CommandError, Exit, exit_with, not_migrated
+from service.startup import load
 
 # What a command needs is imported when it runs, not here: `--help` and `--version` answer
 # at once, and the supervisor and each child pay only for their own role (no admin API in a
 # processing process, no worker in `send`).
 if TYPE_CHECKING:
     from service.core.settings import Settings
-    from service.processing.pipeline import Pipeline
     from service.sources.config_file import InboxConfig
     from service.worker.retention import PruneReport
-
-log = logging.getLogger("service.cli")
 
 EPILOG = """
 Environment: DATABASE_URL (unset: an embedded PostgreSQL under INBOX_DATA_DIR), INBOX_CONFIG
@@ -148,53 +143,6 @@ def positive(value: str) -> int:
     return number
 
 
-def load(
-    settings_only: bool = False,
-    role: str = "cli",
-    *,
-    handlers: bool = True,
-    tracing: bool = True,
-    **overrides: Any,
-) -> tuple[Settings, InboxConfig, dict[str, Pipeline]]:
-    """Settings, sources and their imported handlers, or exit 1 with one line naming the fault.
-
-    `role` is stamped on every log line of this process (supervisor, http, processing, cli).
-    Without `handlers`, no handler module is imported (and the pipelines are empty); without
-    `tracing`, OTEL_* is not read.
-    """
-    from pydantic import ValidationError
-
-    from service.core import tracing as traces
-    from service.core.logging import configure_logging
-    from service.core.settings import ConfigError, Settings, format_validation_error
-    from service.processing.pipeline import resolve_pipelines
-    from service.sources.config_file import InboxConfig, load_inbox_config
-
-    try:
-        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        raise SystemExit(f"config error: {format_validation_error('env', exc)}") from None
-    configure_logging(settings.log_level, settings.log_format, role=role)
-    try:
-        if tracing:
-            traces.configure_from_environment(role)
-    except ValueError as exc:
-        raise SystemExit(f"config error: {exc}") from None
-    if settings_only:
-        return settings, InboxConfig(), {}
-    try:
-        inbox = load_inbox_config(Path(settings.config), required=settings.config_is_set)
-    except ConfigError as exc:
-        raise SystemExit(f"config error: {exc}") from None
-    if not handlers:
-        return settings, inbox, {}
-    try:
-        pipelines = resolve_pipelines(inbox)
-    except ConfigError as exc:
-        raise SystemExit(f"config error: {settings.config}: {exc}") from None
-    return settings, inbox, pipelines
-
-
 async def prune_once(url: str, settings: Settings, inbox: InboxConfig) -> PruneReport:
     from service.core.db import create_engine
     from service.worker.retention import prune
@@ -245,68 +193,15 @@ def serve(args: argparse.Namespace) -> None:
         database_error(settings, exc)
 
 
-def run_on_fast_loop(main: Coroutine[Any, Any, None]) -> None:
-    """`asyncio.run` on uvloop when it is installed (uvicorn[standard] brings it), as the HTTP
-    process runs: bench/process found the worker's stdlib loop spending half its time in its
-    socket writes to PostgreSQL."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
-
-
-async def migrated(settings: Settings, url: str) -> bool:
-    """False when the database answers and has no inbox tables (a worker started before
-    `migrate`); True otherwise, unreachable included: the worker then waits for it, as ever."""
-    from service.core.db import create_engine
-    from service.core.migrations import has_inbox_tables
-    from service.store.errors import StoreUnavailable, translate_errors
-
-    engine = create_engine(url, settings, pool_size=1)
-    try:
-        async with translate_errors():
-            return await has_inbox_tables(engine)
-    except StoreUnavailable:
-        return True
-    finally:
-        await engine.dispose()
-
-
 def worker(args: argparse.Namespace) -> None:
-    from service.core.collector import settle_collector
-    from service.core.db import database_url, describe_url
-    from service.core.metrics import Metrics
-    from service.worker.runtime import run_worker
-    from service.worker.worker import WorkerCrashed
+    from service.worker_command import run_worker_command
 
-    settings, inbox, pipelines = load(
-        role="processing",
-        worker_concurrency=args.concurrency,
-        worker_batch_size=args.batch_size,
-        worker_poll_seconds=args.poll_seconds,
-        worker_grace_seconds=args.grace_seconds,
+    run_worker_command(
+        concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        poll_seconds=args.poll_seconds,
+        grace_seconds=args.grace_seconds,
     )
-    url = database_url(settings)
-    log.info("database", extra={"url": describe_url(url)})
-    settle_collector()
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        if not await migrated(settings, url):
-            raise not_migrated(describe_url(url))
-        metrics = Metrics(sources=inbox.sources)
-        await run_worker(settings, url, pipelines, stop, metrics=metrics, retention=inbox)
-
-    try:
-        run_on_fast_loop(run())
-    except WorkerCrashed as exc:
-        log.critical("worker crashed", extra={"error": str(exc)})
-        sys.exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -314,9 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         run_command(args)
     except CommandError as exc:
-        command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
-        print(f"webhook-inbox {command}: {exc.message}", file=sys.stderr)
-        sys.exit(exc.status)
+        exit_with(exc, " ".join(filter(None, [args.command, getattr(args, "action", None)])))
 
 
 def run_command(args: argparse.Namespace) -> None:

@@ -56,6 +56,7 @@ CHILD_MODULES = (
     "service.api.http_protocol",
     "service.worker.runtime",
     "service.worker.worker",
+    "service.worker_command",
 )
 
 
@@ -142,7 +143,7 @@ def check_children_config() -> None:
     """Exit at once, as a child would at its start (1, one line), when a handler does not import
     or OTEL_* is wrong. Where children are forked, a forked child checks, so that the
     supervisor itself imports no handler module and starts no exporter thread."""
-    from service.cli import load
+    from service.startup import load
 
     def check() -> None:
         load(role="supervisor")
@@ -260,9 +261,9 @@ def run_http_child() -> None:
     import uvicorn
 
     from service.app import create_app
-    from service.cli import load
     from service.core.collector import settle_collector
     from service.core.metrics import follow_multiprocess_environment
+    from service.startup import load
 
     follow_multiprocess_environment()
     settings, inbox, _ = load(role="http")
@@ -277,11 +278,15 @@ def run_http_child() -> None:
 
 def run_processing_child() -> None:
     """One processing child: `webhook-inbox worker` until SIGTERM."""
-    from service.cli import main
+    from service.commands.outcome import CommandError, exit_with
     from service.core.metrics import follow_multiprocess_environment
+    from service.worker_command import run_worker_command
 
     follow_multiprocess_environment()
-    main(["worker"])
+    try:
+        run_worker_command()
+    except CommandError as exc:
+        exit_with(exc, "worker")
 
 
 if __name__ == "__main__":

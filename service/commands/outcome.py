@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from enum import IntEnum
+from typing import NoReturn
 
 
 class Exit(IntEnum):
@@ -34,3 +36,9 @@ def not_migrated(described_url: str) -> CommandError:
         f"database {described_url} has no inbox tables: run `webhook-inbox migrate`",
         Exit.UNAVAILABLE,
     )
+
+
+def exit_with(error: CommandError, command: str) -> NoReturn:
+    """End `webhook-inbox <command>` as `error` says: its one line on stderr, its status."""
+    print(f"webhook-inbox {command}: {error.message}", file=sys.stderr)
+    sys.exit(error.status)

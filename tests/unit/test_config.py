@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from service.cli import load
 from service.core.db import database_url
 from service.core.settings import ConfigError, Settings
 from service.sources.config_file import load_inbox_config, parse_inbox_config
+from service.startup import load
 
 
 def error_for(config: dict[str, Any]) -> str:
