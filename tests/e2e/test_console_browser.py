@@ -292,6 +292,27 @@ async def test_retry_all_of_one_error_type_from_the_dead_letters(
     assert await console.status("evt_negative") == "dead"
 
 
+async def test_the_message_id_an_operator_has_in_hand_opens_its_page(
+    console: Console, page: Page
+) -> None:
+    # The sender's id (a Stripe event id, a GitHub delivery id) is what a support ticket
+    # quotes: typed into the filter, then clicked in the list, as the inbox id is.
+    await console.deliver("evt_other")
+    await dead_letter(console, "evt_from_ticket")
+    row_id = await console.row_id("evt_from_ticket")
+    await sign_in(page, console, "/console/messages")
+    await page.get_by_label("Message id").fill("evt_from_ticket")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page.locator("table.messages tbody tr")).to_have_count(1)
+    await page.get_by_role("link", name="evt_from_ticket", exact=True).click()
+    await expect(page).to_have_url(f"{console.url}/console/messages/{row_id}")
+    await expect(page.locator("h1")).to_contain_text("evt_from_ticket")
+    # The dead-letter list is the same table: its message ids lead to the page too.
+    await page.goto(console.url + "/console/dead-letters")
+    await page.get_by_role("link", name="evt_from_ticket", exact=True).click()
+    await expect(page).to_have_url(f"{console.url}/console/messages/{row_id}")
+
+
 async def test_discard_sets_one_message_aside(console: Console, page: Page) -> None:
     await dead_letter(console, "evt_discard")
     await dead_letter(console, "evt_keep")
