@@ -8,24 +8,36 @@ import os
 import sys
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import Any
 
 from service.core.settings import ConfigError
 from service.processing.handler_api import Handler
+from service.sources.base import BadDelivery, parse_json
 from service.sources.config import ForwardConfig, SourceConfig
 from service.sources.config_file import InboxConfig
+from service.sources.filters import MISSING, PayloadFilter
 
 
 @dataclass(frozen=True)
 class Route:
-    """One handler and the event-type globs it is run for."""
+    """One handler, the event-type globs it is run for, and the payload filter, if any."""
 
     target: str
     handler: Handler
     event_types: tuple[str, ...] = ("*",)
+    payload: PayloadFilter | None = None
 
     def matches(self, event_type: str | None) -> bool:
         name = event_type or ""
         return any(fnmatchcase(name, pattern) for pattern in self.event_types)
+
+
+def parsed_payload(body: bytes) -> Any:
+    """The body as JSON for the payload filters, or MISSING when it is not JSON."""
+    try:
+        return parse_json(body)
+    except BadDelivery:
+        return MISSING
 
 
 @dataclass(frozen=True)
@@ -48,13 +60,17 @@ class Pipeline:
     # - has_work: False for a source with neither handlers nor a forward: its messages are
     #   stored `processed` by ingest, with nothing for a worker to do.
     # - sync: its handlers run inside the request's own transaction (`mode = "sync"`).
+    # - reads_payload: some route has a payload filter, so the body is parsed to choose.
     has_work: bool = field(init=False)
     sync: bool = field(init=False)
+    reads_payload: bool = field(init=False)
 
     def __post_init__(self) -> None:
         # A frozen dataclass sets its own fields through object.__setattr__.
         object.__setattr__(self, "has_work", bool(self.routes) or self.forward is not None)
         object.__setattr__(self, "sync", self.config.mode == "sync")
+        reads = any(route.payload is not None for route in self.routes)
+        object.__setattr__(self, "reads_payload", reads)
 
     def handlers_for(self, event_type: str | None) -> tuple[Handler, ...]:
         """The handlers to run for `event_type`, in configuration order (memoised)."""
@@ -64,6 +80,19 @@ class Pipeline:
             if len(self._by_event_type) < 10_000:  # event types come from senders: bound it
                 self._by_event_type[event_type] = found
         return found
+
+    def handlers_for_message(self, event_type: str | None, body: bytes) -> tuple[Handler, ...]:
+        """The handlers to run for a message: by its event type and, where a route has a
+        payload filter, by its body (parsed once, and only then)."""
+        if not self.reads_payload:
+            return self.handlers_for(event_type)
+        document = parsed_payload(body)
+        return tuple(
+            route.handler
+            for route in self.routes
+            if route.matches(event_type)
+            and (route.payload is None or route.payload.matches(document))
+        )
 
 
 def import_handler(target: str) -> Handler:
@@ -94,9 +123,10 @@ def build_pipeline(name: str, config: SourceConfig) -> Pipeline:
             raise ConfigError(f"{where}.handlers[{i}]: {exc}") from None
     for i, spec in enumerate(config.handler):
         try:
-            routes.append(Route(spec.target, import_handler(spec.target), tuple(spec.event_types)))
+            handler = import_handler(spec.target)
         except ValueError as exc:
             raise ConfigError(f"{where}.handler[{i}].target: {exc}") from None
+        routes.append(Route(spec.target, handler, tuple(spec.event_types), spec.payload))
     if config.forward is not None:
         if routes:
             raise ConfigError(

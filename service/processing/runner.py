@@ -119,9 +119,10 @@ def inbox_message(row: MessageRow, attempt: int) -> InboxMessage:
     )
 
 
-def no_handler_note(event_type: str | None) -> str:
+def no_handler_note(event_type: str | None, *, by_payload: bool = False) -> str:
     shown = "none" if event_type is None else repr(event_type)
-    return f"no handler matches event type {shown}; processed without effect"
+    what = f"event type {shown} and its payload" if by_payload else f"event type {shown}"
+    return f"no handler matches {what}; processed without effect"
 
 
 async def call_handlers(
@@ -259,7 +260,7 @@ async def run_handlers(
     attempt = row.attempts + 1
     started = datetime.now(UTC)
     clock = time.monotonic()
-    handlers = pipeline.handlers_for(row.event_type)
+    handlers = pipeline.handlers_for_message(row.event_type, row.body)
     if not handlers:
         return AttemptResult(
             row.id,
@@ -268,7 +269,7 @@ async def run_handlers(
             "skipped",
             started,
             started,
-            error=no_handler_note(row.event_type),
+            error=no_handler_note(row.event_type, by_payload=pipeline.reads_payload),
         ), None
     message = inbox_message(row, attempt)
     ctx = HandlerContext(session)

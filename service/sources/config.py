@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
 from service.core.settings import ConfigError
+from service.sources.filters import PayloadFilter
 
 # Values people leave in a config file meaning "fill me in"; starting with one would make
 # every delivery verify against a guessable key.
@@ -61,12 +62,14 @@ HandlerTarget = Annotated[str, AfterValidator(check_target)]
 
 
 class HandlerSpec(BaseModel):
-    """One `[[sources.X.handler]]` entry: a `module:function` for the event types it matches."""
+    """One `[[sources.X.handler]]` entry: a `module:function` for the event types it matches,
+    and, with `payload`, only for the bodies that filter passes (service/sources/filters.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     target: HandlerTarget
     event_types: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    payload: PayloadFilter | None = None
 
 
 class ForwardConfig(BaseModel):
