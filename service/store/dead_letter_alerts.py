@@ -21,12 +21,14 @@ from service.store.errors import translate_errors
 LAST_ATTEMPT_ID = text("SELECT coalesce(max(id), 0) FROM inbox_attempts")
 
 # A new (target, source) starts at the newest attempt: dead letters from before alerts were
-# configured are not announced.
+# configured are not announced. A worker writes them before its claim loops start
+# (`start_watermarks`), so none of its own attempts can fall behind the start; DO NOTHING: a
+# watermark already there (another process's, or an earlier run's) is kept.
 START_WATERMARKS = text(
     """
     INSERT INTO inbox_alert_watermarks (target, source, last_attempt_id)
-    SELECT :target, s, (SELECT coalesce(max(id), 0) FROM inbox_attempts)
-      FROM unnest(CAST(:sources AS text[])) AS s
+    SELECT t, s, (SELECT coalesce(max(id), 0) FROM inbox_attempts)
+      FROM unnest(CAST(:targets AS text[])) AS t, unnest(CAST(:sources AS text[])) AS s
     ON CONFLICT (target, source) DO NOTHING
     """
 )
@@ -103,6 +105,15 @@ async def last_attempt_id(engine: AsyncEngine) -> int:
         return int((await conn.execute(LAST_ATTEMPT_ID)).scalar_one())
 
 
+async def start_watermarks(
+    engine: AsyncEngine, targets: Sequence[str], sources: Sequence[str]
+) -> None:
+    """Each (target, source) without a watermark starts at the newest attempt."""
+    params = {"targets": list(targets), "sources": list(sources)}
+    async with translate_errors(), engine.begin() as conn:
+        await conn.execute(START_WATERMARKS, params)
+
+
 async def claim_notices(
     engine: AsyncEngine,
     target: str,
@@ -115,7 +126,8 @@ async def claim_notices(
     """The notices due to `target`, one per source with dead letters since its watermark and
     no notice within `interval_seconds`; each is marked notified now (committed on return)."""
     async with translate_errors(), engine.begin() as conn:
-        await conn.execute(START_WATERMARKS, {"target": target, "sources": list(sources)})
+        # Here too, for a process that could not write them at start (the database was down).
+        await conn.execute(START_WATERMARKS, {"targets": [target], "sources": list(sources)})
         due = (
             await conn.execute(
                 DUE_WATERMARKS,

@@ -4,7 +4,8 @@ Durable rather than fed by the runner in memory: each pass reads the dead attemp
 target's watermark from the database (service/store/dead_letter_alerts.py), so a notice that a
 crash interrupted is sent by the next pass of any worker process, and the processing path
 does nothing for alerts at all. Delivery is at least once: a crash between sending and moving
-the watermark sends that notice again after the interval.
+the watermark sends that notice again after the interval. Each webhook has its own loop, so one
+that hangs or keeps failing delays only its own next pass.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from service.store.dead_letter_alerts import (
     advance_watermark,
     claim_notices,
     last_attempt_id,
+    start_watermarks,
 )
 from service.store.errors import StoreUnavailable
 
@@ -38,6 +40,13 @@ SETTLE_SECONDS = 1.0
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
 MAX_ERROR_CHARS = 300
+
+
+def check_period(config: AlertsConfig) -> float:
+    """How often a webhook's notices are looked for: half the interval, at most 5 s. A message
+    that goes dead after a quiet spell is then announced within that and the settle second
+    (about the interval, for one of 2 s), and a notice is at most that late once due."""
+    return min(config.interval_seconds, 10.0) / 2
 
 
 def target_key(url: str) -> str:
@@ -90,13 +99,21 @@ async def send_notice(
     delay = FIRST_BACKOFF_SECONDS
     for attempt in range(1, config.send_attempts + 1):
         try:
-            response = await client.post(url, json=body, timeout=config.timeout_seconds)
+            # httpx's timeout bounds each phase (connect, each read); this bounds the whole try,
+            # against an endpoint that trickles its answer.
+            async with asyncio.timeout(config.timeout_seconds):
+                response = await client.post(url, json=body, timeout=config.timeout_seconds)
             if 200 <= response.status_code < 300:
                 log.info("dead-letter alert sent", extra={**fields, "attempt": attempt})
                 return True
             error = f"HTTP {response.status_code}"
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            name = "Timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+            error = f"{name}: no answer within {config.timeout_seconds:g} s"
         except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            # httpx's transport errors are not known to name the URL; should one, it stays out
+            # of the log.
+            error = f"{type(exc).__name__}: {exc}".replace(url, target_key(url))
         log.warning(
             "dead-letter alert failed",
             extra={**fields, "attempt": attempt, "error": error},
@@ -149,7 +166,8 @@ async def alert_pass(
     settle_seconds: float = SETTLE_SECONDS,
     metrics: Metrics | None = None,
 ) -> int:
-    """Every webhook's due notices, the webhooks side by side; the notices delivered."""
+    """One pass for every webhook at once (the worker runs one loop per webhook instead, see
+    `alert_periodically`); the notices delivered."""
     settled = await last_attempt_id(engine)
     await asyncio.sleep(settle_seconds)
     urls = [url.get_secret_value() for url in config.webhooks]
@@ -157,6 +175,59 @@ async def alert_pass(
         *(alert_target(engine, client, url, config, sources, settled, metrics) for url in urls)
     )
     return sum(counts)
+
+
+async def start_alerts(engine: AsyncEngine, config: AlertsConfig, sources: Sequence[str]) -> None:
+    """For the worker, before its claim loops start: each webhook's watermarks start at the
+    newest attempt, so that every message this worker kills is announced, however soon after
+    start-up. (Written at the first pass instead, they would start past the messages that went
+    dead during that pass's settle second, and those would never be announced.) With the
+    database down, the first pass that reaches it writes them."""
+    targets = [target_key(url.get_secret_value()) for url in config.webhooks]
+    try:
+        await start_watermarks(engine, targets, sources)
+    except StoreUnavailable as exc:
+        log.warning(
+            "dead-letter alerts' watermarks not written at start: database unavailable; the "
+            "first pass writes them",
+            extra={"error": str(exc)},
+        )
+
+
+async def alert_target_periodically(
+    engine: AsyncEngine,
+    client: httpx.AsyncClient,
+    url: str,
+    config: AlertsConfig,
+    sources: Sequence[str],
+    stop: asyncio.Event,
+    *,
+    period: float,
+    settle_seconds: float,
+    metrics: Metrics | None,
+) -> None:
+    """One webhook's passes, one starting every `period` (at once after one that took longer)
+    until `stop`: a pass that fails is logged and the next one tries again."""
+    target = target_key(url)
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        began = loop.time()
+        try:
+            settled = await last_attempt_id(engine)
+            await asyncio.sleep(settle_seconds)
+            await alert_target(engine, client, url, config, sources, settled, metrics)
+        except StoreUnavailable as exc:
+            log.warning(
+                "dead-letter alerts skipped: database unavailable",
+                extra={"target": target, "error": str(exc)},
+            )
+        except Exception:
+            log.exception(
+                "dead-letter alert pass failed; the next pass tries again",
+                extra={"target": target},
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=max(0.0, began + period - loop.time()))
 
 
 async def alert_periodically(
@@ -169,22 +240,27 @@ async def alert_periodically(
     settle_seconds: float = SETTLE_SECONDS,
     metrics: Metrics | None = None,
 ) -> None:
-    """For the worker: a pass every `check_seconds` (default: the interval, at most 10 s)
-    until `stop`. A pass that fails, for whatever reason, is logged and the next one tries
-    again: alerts must never stop the worker that processes messages (the notices are in the
-    database, so nothing is lost meanwhile)."""
-    period = check_seconds if check_seconds is not None else min(config.interval_seconds, 10.0)
+    """For the worker: for each webhook, a pass every `check_seconds` until `stop`. Each
+    webhook in a loop of its own: a pass waits for its notices' tries (up to `send_attempts`
+    timeouts and the backoff between them), and a webhook that hangs must not put off the
+    others' notices. Alerts never stop the worker that processes messages: the notices are in
+    the database, so nothing is lost meanwhile."""
+    period = check_seconds if check_seconds is not None else check_period(config)
+    urls = [url.get_secret_value() for url in config.webhooks]
     async with httpx.AsyncClient(follow_redirects=False) as client:
-        while not stop.is_set():
-            try:
-                await alert_pass(
-                    engine, client, config, sources, settle_seconds=settle_seconds, metrics=metrics
+        await asyncio.gather(
+            *(
+                alert_target_periodically(
+                    engine,
+                    client,
+                    url,
+                    config,
+                    sources,
+                    stop,
+                    period=period,
+                    settle_seconds=settle_seconds,
+                    metrics=metrics,
                 )
-            except StoreUnavailable as exc:
-                log.warning(
-                    "dead-letter alerts skipped: database unavailable", extra={"error": str(exc)}
-                )
-            except Exception:
-                log.exception("dead-letter alert pass failed; the next pass tries again")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=period)
+                for url in urls
+            )
+        )

@@ -46,7 +46,7 @@ from service.store.claims import (
 from service.store.errors import StoreUnavailable
 from service.store.notifications import listen_for_messages
 from service.store.receipts import fold_receipts
-from service.worker.dead_letter_alerts import alert_periodically
+from service.worker.dead_letter_alerts import alert_periodically, start_alerts
 from service.worker.gate import Gate
 from service.worker.retention import prune_periodically
 from service.worker.watchdog import LoopWatchdog
@@ -239,6 +239,11 @@ class Worker:
             await self._work(stop, limits)
 
     async def _work(self, stop: asyncio.Event, limits: httpx.Limits) -> None:
+        retention = self.retention
+        alerting = retention.alerts if retention is not None and retention.alerts.webhooks else None
+        if alerting is not None:
+            # Before any claim loop runs: a message this worker kills is then always announced.
+            await start_alerts(self.engine, alerting, self.sources)
         async with httpx.AsyncClient(limits=limits, follow_redirects=False) as http:
             self._http = http
             loops = [
@@ -252,9 +257,9 @@ class Worker:
             if self.retention is not None:
                 pruner = prune_periodically(self.engine, self.retention, stop, metrics=self.metrics)
                 side.append(asyncio.create_task(pruner, name="pruner"))
-                if self.retention.alerts.webhooks:
+                if alerting is not None:
                     alerts = alert_periodically(
-                        self.engine, self.retention.alerts, self.sources, stop, metrics=self.metrics
+                        self.engine, alerting, self.sources, stop, metrics=self.metrics
                     )
                     side.append(asyncio.create_task(alerts, name="dead-letter-alerts"))
             stopping = asyncio.create_task(stop.wait(), name="stop")

@@ -50,6 +50,17 @@ def test_serve_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
     assert line.startswith(f"config error: {path}: sources.pay.max_attempts:")
 
 
+def test_serve_refuses_an_alert_webhook_it_cannot_post_to_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.toml"
+    url = "https://hooks slack.com/services/T0/B0/secret-part"
+    path.write_text('[alerts]\nwebhooks = ["http://127.0.0.1:9/ok", "env:SLACK_WEBHOOK_URL"]\n')
+    line = serve_refusing(path, SLACK_WEBHOOK_URL=url)
+    assert line == (
+        f"config error: {path}: alerts.webhooks[1]: an alert webhook URL cannot contain spaces "
+        "or control characters"
+    )
+
+
 def test_serve_refuses_a_handler_that_does_not_import_with_one_line(tmp_path: Path) -> None:
     # The supervisor imports no handler module: a child forked to check them says this.
     path = tmp_path / "inbox.toml"

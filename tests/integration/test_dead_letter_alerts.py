@@ -192,6 +192,33 @@ async def test_the_worker_sends_alerts_and_one_failing_webhook_spares_the_other(
     assert broken.requests  # tried, failing, and the other webhook got its notice all the same
 
 
+async def test_messages_that_die_as_the_worker_starts_are_announced(
+    database_url: str, client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # The trial of issue 50: deliveries waiting when the worker starts go dead in its first
+    # milliseconds. Watermarks written by the first pass (after its settle second) started past
+    # them, and no notice was ever sent; the worker now writes them before its claim loops.
+    await create_effects(db)
+    async with scripted_server() as slack, client_for(dying()) as client:
+        for n in range(5):
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery(f"s{n}"))
+        inbox = parse_inbox_config(dying(alerts={"webhooks": [slack.url], "interval_seconds": 2}))
+        settings = Settings(database_url=database_url, **WORKER_SETTINGS)
+        stop = asyncio.Event()
+        worker = asyncio.create_task(
+            run_worker(settings, database_url, resolve_pipelines(inbox), stop, retention=inbox)
+        )
+        try:
+            await wait_until(db, DEAD, 5, 30)
+            async with asyncio.timeout(30):
+                await slack.arrived.wait()
+        finally:
+            stop.set()
+            await worker
+    (notice,) = slack.requests
+    assert "5 messages of source `hooks` went dead" in json.loads(notice.body)["text"]
+
+
 async def test_two_processes_passing_at_once_send_one_notice(
     inbox: httpx.AsyncClient, db: asyncpg.Connection, engine: AsyncEngine
 ) -> None:

@@ -147,6 +147,55 @@ def test_alerts_webhooks_read_env_and_must_be_http(monkeypatch: pytest.MonkeyPat
         parse_inbox_config({"alerts": {"interval": 5}})
 
 
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        ("ftp://hooks.example/x", "an alert webhook is an http:// or https:// URL"),
+        ("http://", "an alert webhook URL needs a host"),
+        ("https://:443/hook", "an alert webhook URL needs a host"),
+        (
+            "https://hooks .example/x",
+            "an alert webhook URL cannot contain spaces or control characters",
+        ),
+        (
+            "https://hooks.example/x\n",
+            "an alert webhook URL cannot contain spaces or control characters",
+        ),
+        ("http://[::1/hook", "an alert webhook URL's host or port cannot be read"),
+        ("http://127.0.0.1:99999/hook", "an alert webhook URL's host or port cannot be read"),
+        ("http://127.0.0.1:0/hook", "an alert webhook URL's port is 1-65535"),
+    ],
+)
+def test_an_alert_webhook_that_cannot_be_posted_to_is_refused_naming_its_key(
+    url: str, error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", url)
+    for written in (url, "env:SLACK_WEBHOOK_URL"):
+        raw = {"alerts": {"webhooks": ["https://hooks.slack.com/services/T0/B0/ok", written]}}
+        with pytest.raises(ConfigError) as caught:
+            parse_inbox_config(raw)
+        message = str(caught.value)
+        assert message.startswith(f"alerts.webhooks[1]: {error}")
+        assert "\n" not in message  # one line
+        assert url.strip() not in message  # the URL is a credential: never repeated
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9000/hook",  # loopback, plain http: a local relay
+        "http://[::1]:9000/hook",
+        "http://10.0.0.7/hooks/alerts",  # a private address
+        "http://alert-relay:8080/slack",
+        "https://user:token@mattermost.internal/hooks/abc",
+        "HTTPS://hooks.slack.com/services/T0/B0/abc",
+    ],
+)
+def test_alert_webhooks_may_be_loopback_private_or_plain_http(url: str) -> None:
+    alerts = parse_inbox_config({"alerts": {"webhooks": [url]}}).alerts
+    assert [u.get_secret_value() for u in alerts.webhooks] == [url]
+
+
 def test_no_alerts_by_default() -> None:
     assert parse_inbox_config({}).alerts.webhooks == []
 

@@ -11,6 +11,7 @@ import threading
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import httpx
 import pytest
 
 from service.core.logging import JsonFormatter, LoopBatchedStreamHandler
@@ -264,3 +265,19 @@ def test_a_line_a_millisecond_later_has_its_own_stamp() -> None:
         "2025-11-30T00:00:00.001+00:00",
         "2025-11-30T00:00:01.000+00:00",
     ]
+
+
+def test_no_level_logs_the_url_an_http_client_called(capsys: pytest.CaptureFixture[str]) -> None:
+    # An alert webhook's URL is its credential: httpx's own "HTTP Request: POST <url>" line
+    # (INFO) would write it down, and so would httpcore's chatter at DEBUG.
+    from service.core.logging import configure_logging
+
+    configure_logging("DEBUG", "json", role="processing")
+    url = "https://hooks.slack.com/services/T0/B0/the-secret-part"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200))
+    with httpx.Client(transport=transport) as client:
+        assert client.post(url, json={"text": "x"}).status_code == 200
+    logging.getLogger("service.alerts").info("dead-letter alert sent")
+    err = capsys.readouterr().err
+    assert "dead-letter alert sent" in err  # the handler was writing
+    assert "the-secret-part" not in err
