@@ -62,8 +62,8 @@ function response(status, headers, body)
   end
   acked = acked + 1
   -- The body as it came, parsed after the cell (bench/load.py): matching it here took wrk's
-  -- time in every round trip of a server that waits on them (docs/benchmarks-log.md, "The
-  -- generator in the loop").
+  -- time in every round trip of a server that waits on them (docs/benchmarks.md, "What holds
+  -- ingest at 32 connections").
   ack_log:write(body, "\n")
 end
 

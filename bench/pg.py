@@ -117,8 +117,8 @@ class BenchPostgres:
         A fresh server creates each 16 MB segment when it needs it, zero-filled and fsynced,
         until its first checkpoint lets it recycle them. On this machine's ext4 disk, those
         creations stalled commits for 60-90 ms once a run had written a few hundred MB, and
-        took p99 past 25 ms (docs/benchmarks-log.md, "Where the 32-connection tail and ceiling
-        come from"). Embedded servers only: this writes to the server and checkpoints it.
+        took p99 past 25 ms (docs/benchmarks.md, "A fresh server's WAL"). Embedded servers
+        only: this writes to the server and checkpoints it.
         """
         if not self.embedded:
             raise SystemExit("--recycled-wal needs the embedded server: unset DATABASE_URL")

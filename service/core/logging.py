@@ -60,8 +60,9 @@ class JsonFormatter(logging.Formatter):
 
     The line is put together here and encoded by orjson, because ingest logs one per
     delivery and python-json-logger's formatter cost several times as much per line
-    (docs/benchmarks-log.md, "Logs"); values orjson does not know (or a string it refuses, such
-    as one with an unpaired surrogate) go through python-json-logger's encoder instead.
+    (docs/benchmarks-log.md, "Other measurements"); values orjson does not know (or a string
+    it refuses, such as one with an unpaired surrogate) go through python-json-logger's
+    encoder instead.
     """
 
     def __init__(self) -> None:

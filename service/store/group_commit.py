@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 #   headers, content_type, done, received, trace_context]) and their bodies as a bytea array
 #   ($2), in the same order. The driver encodes an array parameter element by element, with
 #   checks on each: nine arrays cost the HTTP process more CPU than one document orjson
-#   writes in a C call (docs/benchmarks-log.md, "The rows as one JSON document"). Row n is
-#   element n - 1 of the document, read by index, so the rows keep the bodies' order.
+#   writes in a C call (docs/benchmarks.md, "What holds ingest at 32 connections"). Row n
+#   is element n - 1 of the document, read by index, so the rows keep the bodies' order.
 # - `xmax = 0` in RETURNING tells the rows this statement inserted from those it updated
 #   (an updated row carries our own transaction id as its xmax).
 # - A message of a source with nothing to run (no handlers, no forward) is stored `processed`
@@ -83,13 +83,13 @@ RECORD_BATCH = _BATCH.replace(
 # The batch when none of its keys is expected to be stored yet, which is nearly every batch:
 # ON CONFLICT first looks each row's key up in the unique index and only then inserts, which
 # descends the index again; a plain insert descends it once and checks the key there. That
-# is 10-19% of the backend's CPU a row (docs/benchmarks-log.md, "A plain insert first"). A batch
-# that meets a stored key fails whole and is rolled back (its rows left dead for vacuum); it
-# is written again with RECORD_BATCH, which this committer then uses for every batch until
-# CONFLICT_WINDOW_SECONDS pass without a redelivery, so a sender that keeps redelivering
-# costs one failed statement, not one a batch. Any unique violation is retried so, whatever
-# the dedup key's constraint is named: another one would fail RECORD_BATCH too, and be a
-# refused row.
+# is 10-19% of the backend's CPU a row (docs/benchmarks.md, "What holds ingest at 32
+# connections"). A batch that meets a stored key fails whole and is rolled back (its rows
+# left dead for vacuum); it is written again with RECORD_BATCH, which this committer then
+# uses for every batch until CONFLICT_WINDOW_SECONDS pass without a redelivery, so a sender
+# that keeps redelivering costs one failed statement, not one a batch. Any unique violation
+# is retried so, whatever the dedup key's constraint is named: another one would fail
+# RECORD_BATCH too, and be a refused row.
 INSERT_BATCH = _BATCH.replace("ON_CONFLICT", "")
 CONFLICT_WINDOW_SECONDS = 10.0
 
