@@ -114,8 +114,9 @@ class BenchPostgres:
         benchmark writes into are recycled ones, as on a server that has been running, rather
         than files created as it goes; returns how many segments the server then holds.
 
-        A fresh server creates each 16 MB segment when it needs it, zero-filled and fsynced,
-        until its first checkpoint lets it recycle them. On this machine's ext4 disk, those
+        A fresh server creates each WAL segment (16 MB by default, EMBEDDED_WAL_SEGMENT_MB on
+        the embedded one) when it needs it, zero-filled and fsynced, until its first
+        checkpoint lets it recycle them. On this machine's ext4 disk, those
         creations stalled commits for 60-90 ms once a run had written a few hundred MB, and
         took p99 past 25 ms (docs/benchmarks.md, "A fresh server's WAL"). Embedded servers
         only: this writes to the server and checkpoints it.
