@@ -7,6 +7,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import jiter
@@ -136,11 +137,19 @@ class Recorded:
 
 
 class Rejected(Exception):
-    """A delivery refused before anything was recorded; becomes a problem response."""
+    """A delivery refused before anything was recorded; becomes a problem response.
+
+    A subclass sets `status` and `reason`; its problem's `title` is the status's own phrase
+    ("Unauthorized" for 401), named once here rather than beside each status."""
 
     status: ClassVar[int] = 400
-    title: ClassVar[str] = "Bad Request"
+    title: ClassVar[str] = HTTPStatus.BAD_REQUEST.phrase
     reason: ClassVar[str] = "bad_request"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "title" not in cls.__dict__:
+            cls.title = HTTPStatus(cls.status).phrase
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -149,19 +158,15 @@ class Rejected(Exception):
 
 class Unauthenticated(Rejected):
     status = 401
-    title = "Unauthorized"
     reason = "unauthenticated"
 
 
 class BadDelivery(Rejected):
-    status = 400
-    title = "Bad Request"
-    reason = "bad_request"
+    """A delivery whose body or headers cannot be read as the kind's: `Rejected`'s 400."""
 
 
 class UnsupportedMediaType(Rejected):
     status = 415
-    title = "Unsupported Media Type"
     reason = "unsupported_media_type"
 
 

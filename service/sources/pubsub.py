@@ -40,7 +40,6 @@ REFETCH_AFTER_SECONDS = 60.0
 
 class KeysUnavailable(Rejected):
     status = 503
-    title = "Service Unavailable"
     reason = "keys_unavailable"
 
 

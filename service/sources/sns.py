@@ -62,13 +62,11 @@ CERT_CACHE_SIZE = 32
 
 class Forbidden(Rejected):
     status = 403
-    title = "Forbidden"
     reason = "forbidden"
 
 
 class SnsUnreachable(Rejected):
     status = 503
-    title = "Service Unavailable"
     reason = "sns_unreachable"
 
 
