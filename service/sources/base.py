@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar, get_args, get_origin
 
 import jiter
 
@@ -173,8 +173,9 @@ class UnsupportedMediaType(Rejected):
 class Source(ABC, Generic[ConfigT]):
     """One configured source: `verify` authenticates and extracts, `respond` answers the sender.
 
-    A kind's module subclasses this, sets `kind` and `config_model`, and is listed in
-    `service.sources.KINDS`; the ingest path knows nothing else about it.
+    A kind's module subclasses this as `Source[ItsConfig]`, sets `kind`, and is listed in
+    `service.sources.KINDS`; the ingest path knows nothing else about it. `ItsConfig` is
+    also the model the sources file's table is read with (`config_model`).
 
     What a kind reads of its config on every delivery is best read once, in `__init__`, as
     this class does with the token and the timestamp tolerance: a pydantic model's attributes
@@ -183,11 +184,24 @@ class Source(ABC, Generic[ConfigT]):
     """
 
     kind: ClassVar[str]
+    # Set from the class's `Source[...]` (or a generic subclass's) parameter, where that is a
+    # model and not a type variable: the config type is named once, where the class is.
     config_model: ClassVar[type[SourceConfig]] = SourceConfig
     # Lower-case header names whose values are credentials under this kind.
     sensitive_headers: ClassVar[frozenset[str]] = frozenset()
     # Longest a sender may redeliver one message; pruning a younger row re-opens duplicates.
     redelivery_days: ClassVar[float] = 3.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "config_model" in cls.__dict__:
+            return
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            origin = get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, Source):
+                for model in get_args(base):
+                    if isinstance(model, type) and issubclass(model, SourceConfig):
+                        cls.config_model = model
 
     def __init__(self, name: str, config: ConfigT) -> None:
         self.name = name

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import Field
 
 from service.sources.base import (
@@ -14,7 +12,6 @@ from service.sources.base import (
 )
 from service.sources.body_hmac import BodyHmacConfig, body_hmac
 from service.sources.cloudevents_http import abuse_protection, read_events
-from service.sources.config import SourceConfig
 
 
 class CloudEventsConfig(BodyHmacConfig):
@@ -25,7 +22,6 @@ class CloudEventsConfig(BodyHmacConfig):
 
 class CloudEventsSource(Source[CloudEventsConfig]):
     kind = "cloudevents"
-    config_model: ClassVar[type[SourceConfig]] = CloudEventsConfig
     # Unknown sender and retry policy: the generic window. Event Grid's CloudEvents schema
     # retries for at most 24 hours; Knative brokers retry for minutes.
     redelivery_days = 3.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from service.sources.base import (
     BadDelivery,
@@ -40,7 +40,6 @@ class DaprConfig(SourceConfig):
 
 class DaprSource(Source[DaprConfig]):
     kind = "dapr"
-    config_model: ClassVar[type[SourceConfig]] = DaprConfig
     sensitive_headers = frozenset({API_TOKEN_HEADER})
     # Dapr redelivers for as long as its broker keeps the message unacknowledged; 7 days
     # covers Kafka's default retention and Pub/Sub's and Service Bus's usual settings.

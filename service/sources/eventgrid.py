@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -54,7 +54,6 @@ class EventGridConfig(SourceConfig):
 
 class EventGridSource(Source[EventGridConfig]):
     kind = "eventgrid"
-    config_model: ClassVar[type[SourceConfig]] = EventGridConfig
     # Event Grid retries for the event's time-to-live: 1440 minutes by default and at most.
     redelivery_days = 1.0
 

@@ -6,7 +6,7 @@ import base64
 import binascii
 import hashlib
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
@@ -24,7 +24,7 @@ from service.sources.base import (
     require_json_media_type,
 )
 from service.sources.body_hmac import BodyHmacConfig, body_hmac, body_signature
-from service.sources.config import Secret, SourceConfig
+from service.sources.config import Secret
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
 from service.sources.limits import checked_event_type, checked_header_name, checked_message_id
 
@@ -65,7 +65,6 @@ class GenericConfig(BodyHmacConfig):
 
 class GenericSource(Source[GenericConfig]):
     kind = "generic"
-    config_model: ClassVar[type[SourceConfig]] = GenericConfig
     redelivery_days = 3.0
 
     def __init__(self, name: str, config: GenericConfig) -> None:

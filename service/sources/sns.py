@@ -7,7 +7,7 @@ import binascii
 import logging
 import re
 from collections import OrderedDict
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from cryptography import x509
@@ -152,7 +152,6 @@ class SnsConfig(SourceConfig):
 
 class SnsSource(Source[SnsConfig]):
     kind = "sns"
-    config_model: ClassVar[type[SourceConfig]] = SnsConfig
     # HTTP/S delivery policies retry for at most 3,600 seconds (a hard limit); one day leaves
     # room for manual redrives from a dead-letter queue soon after.
     redelivery_days = 1.0
