@@ -6,11 +6,11 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.sources.base import RawDelivery, Unauthenticated, first_header, raw_header_name
+from service.sources.base import RawDelivery, Source, Unauthenticated, first_header, raw_header_name
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_header_name
 from service.sources.signing import keyed_macs, require_match
@@ -103,3 +103,18 @@ def body_hmac(config: BodyHmacConfig) -> BodyHmac | None:
     if config.hmac is None:
         return None
     return BodyHmac(config.hmac, config.secret_values())
+
+
+BodyHmacConfigT = TypeVar("BodyHmacConfigT", bound=BodyHmacConfig)
+
+
+class BodyHmacSource(Source[BodyHmacConfigT]):
+    """A kind whose config may add an `[hmac]` check: `verify` runs `_body_hmac` where there
+    is one, and its header's value is never stored."""
+
+    def __init__(self, name: str, config: BodyHmacConfigT) -> None:
+        super().__init__(name, config)
+        self._body_hmac = body_hmac(config)
+
+    def is_sensitive_header(self, name: str) -> bool:
+        return super().is_sensitive_header(name) or self.config.is_hmac_header(name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import parse_qs
 
 from service.sources.base import (
@@ -11,7 +11,6 @@ from service.sources.base import (
     Message,
     Messages,
     RawDelivery,
-    Source,
     Unauthenticated,
     UnsupportedMediaType,
     first_header,
@@ -19,9 +18,8 @@ from service.sources.base import (
     parse_json,
     raw_header_name,
 )
-from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, hmac_sha256, keyed_macs, require_match
+from service.sources.signing import SignedSource, hmac_sha256, require_match
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 DELIVERY_HEADER = "X-GitHub-Delivery"
@@ -42,18 +40,13 @@ def _header_value(digest: bytes) -> str:
     return PREFIX + digest.hex()
 
 
-class GitHubSource(Source[SourceConfig]):
+class GitHubSource(SignedSource):
     kind = "github"
-    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-hub-signature-256", "x-hub-signature"})
     # GitHub never redelivers on its own, but a person or script may redeliver a delivery (same
     # X-GitHub-Delivery) from the past 3 days on github.com and 7 days on Enterprise Server
     # (docs.github.com "Redelivering webhooks"); keep the longer window.
     redelivery_days = 7.0
-
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         offered = first_header(delivery.raw_headers, _SIGNATURE)

@@ -5,20 +5,17 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import ClassVar
 
 from service.sources.base import (
     Message,
     Messages,
     RawDelivery,
-    Source,
     Unauthenticated,
     first_header,
     raw_header_name,
 )
-from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, hmac_sha256, keyed_macs, require_match
+from service.sources.signing import SignedSource, hmac_sha256, require_match
 
 SIGNATURE_HEADER = "X-Shopify-Hmac-Sha256"
 ID_HEADER = "X-Shopify-Webhook-Id"
@@ -33,17 +30,12 @@ def shopify_signature(secret: bytes, body: bytes) -> str:
     return base64.b64encode(hmac_sha256(secret, body)).decode()
 
 
-class ShopifySource(Source[SourceConfig]):
+class ShopifySource(SignedSource):
     kind = "shopify"
-    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-shopify-hmac-sha256"})
     # Since 2024-09 Shopify retries "8 times over 4 hours" (shopify.dev changelog "Updates to
     # webhook retry mechanism"); a day leaves room for a delivery that is itself slow to arrive.
     redelivery_days = 1.0
-
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         raw = delivery.raw_headers

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 
 from service.sources.base import (
     BadDelivery,
@@ -11,20 +10,17 @@ from service.sources.base import (
     Message,
     Messages,
     RawDelivery,
-    Source,
     Unauthenticated,
     UnsupportedMediaType,
     first_header,
     parse_json,
     raw_header_name,
 )
-from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import (
-    SignedSourceConfig,
+    SignedSource,
     check_timestamp,
     hmac_sha256,
-    keyed_macs,
     now,
     require_match,
 )
@@ -49,17 +45,12 @@ def _signed(timestamp: str, body: bytes) -> bytes:
     return f"{VERSION}:{timestamp}:".encode() + body
 
 
-class SlackSource(Source[SourceConfig]):
+class SlackSource(SignedSource):
     kind = "slack"
-    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-slack-signature"})
     # Slack retries a failed event 3 times: at once, after 1 minute, after 5 minutes
     # (api.slack.com/apis/events-api#retries). A day is the smallest window worth configuring.
     redelivery_days = 1.0
-
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
 
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
         offered = first_header(delivery.raw_headers, _SIGNATURE)

@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 
 from service.sources.base import (
     Message,
     Messages,
     RawDelivery,
-    Source,
     Unauthenticated,
     first_header,
     parse_json,
     raw_header_name,
     require_json_media_type,
 )
-from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import (
-    SignedSourceConfig,
+    SignedSource,
     check_timestamp,
     hmac_sha256,
-    keyed_macs,
     now,
     require_match,
 )
@@ -61,17 +57,12 @@ def parse_signature_header(header: str) -> tuple[int, list[str]]:
     return int(timestamps[0]), signatures
 
 
-class StripeSource(Source[SourceConfig]):
+class StripeSource(SignedSource):
     kind = "stripe"
-    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"stripe-signature"})
     # "Stripe attempts to deliver events to your destination for up to three days with an
     # exponential back off" (docs.stripe.com/webhooks, live mode).
     redelivery_days = 3.0
-
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         header = first_header(delivery.raw_headers, _RAW_HEADER)
