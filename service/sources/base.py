@@ -48,6 +48,32 @@ def first_header(raw: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
+class HeaderName:
+    """A header a kind reads, by its name as docs and errors spell it (`name`) and as the raw
+    header list holds it (`raw`), both made once when the kind is loaded; `where` is where a
+    refused value was looked for, as a 400 says it."""
+
+    # Slots: `required` reads `raw` on every delivery, and a slot is the quickest attribute.
+    __slots__ = ("name", "raw", "where")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.raw = raw_header_name(name)
+        self.where = f"the {name} header"
+
+    def required(self, raw: Sequence[tuple[bytes, bytes]]) -> str:
+        """The header's first value in `raw`; 401 naming it where it is missing or empty, as
+        for a signature or a key. `first_header`'s walk written out, not a call to it: one
+        call less on every delivery of a signed kind."""
+        name = self.raw
+        for key, value in raw:
+            if key == name:
+                if value:
+                    return value.decode("latin-1")
+                break
+        raise Unauthenticated(f"missing {self.name} header")
+
+
 def media_type_of(content_type: str) -> str:
     """The media type of a Content-Type value: lowercased, without its parameters."""
     return content_type.split(";", 1)[0].strip().lower()

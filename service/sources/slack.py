@@ -7,14 +7,12 @@ import json
 from service.sources.base import (
     BadDelivery,
     Handshake,
+    HeaderName,
     Message,
     Messages,
     RawDelivery,
-    Unauthenticated,
     UnsupportedMediaType,
-    first_header,
     parse_json,
-    raw_header_name,
 )
 from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import (
@@ -25,10 +23,8 @@ from service.sources.signing import (
     require_match,
 )
 
-SIGNATURE_HEADER = "X-Slack-Signature"
-TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
-_SIGNATURE = raw_header_name(SIGNATURE_HEADER)
-_TIMESTAMP = raw_header_name(TIMESTAMP_HEADER)
+SIGNATURE_HEADER = HeaderName("X-Slack-Signature")
+TIMESTAMP_HEADER = HeaderName("X-Slack-Request-Timestamp")
 VERSION = "v0"
 
 
@@ -53,20 +49,15 @@ class SlackSource(SignedSource):
     redelivery_days = 1.0
 
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
-        offered = first_header(delivery.raw_headers, _SIGNATURE)
-        timestamp = first_header(delivery.raw_headers, _TIMESTAMP)
-        if not offered:
-            raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
-        if not timestamp:
-            raise Unauthenticated(f"missing {TIMESTAMP_HEADER} header")
-        timestamp = timestamp.strip()
+        offered = SIGNATURE_HEADER.required(delivery.raw_headers)
+        timestamp = TIMESTAMP_HEADER.required(delivery.raw_headers).strip()
         signed = _signed(timestamp, delivery.body)
         require_match(
             (_header_value(mac.digest(signed)) for mac in self.macs),
             [offered.strip()],
-            f"{SIGNATURE_HEADER} does not match a configured secret",
+            f"{SIGNATURE_HEADER.name} does not match a configured secret",
         )
-        check_timestamp(timestamp, TIMESTAMP_HEADER, self.tolerance_seconds)
+        check_timestamp(timestamp, TIMESTAMP_HEADER.name, self.tolerance_seconds)
 
         media = delivery.media_type
         if media and media != "application/json":
@@ -107,6 +98,6 @@ class SlackSource(SignedSource):
         return (
             f"curl -sS -X POST {base_url}/webhooks/{self.name} "
             "-H 'content-type: application/json' "
-            f"-H '{TIMESTAMP_HEADER}: {ts}' -H '{SIGNATURE_HEADER}: {signature}' "
+            f"-H '{TIMESTAMP_HEADER.name}: {ts}' -H '{SIGNATURE_HEADER.name}: {signature}' "
             f"--data '{body}'"
         )

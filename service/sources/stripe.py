@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 from service.sources.base import (
+    HeaderName,
     Message,
     Messages,
     RawDelivery,
     Unauthenticated,
-    first_header,
     parse_json,
-    raw_header_name,
     require_json_media_type,
 )
 from service.sources.limits import checked_event_type, checked_message_id
@@ -23,8 +22,7 @@ from service.sources.signing import (
     require_match,
 )
 
-HEADER = "Stripe-Signature"
-_RAW_HEADER = raw_header_name(HEADER)
+HEADER = HeaderName("Stripe-Signature")
 # Only v1 is Stripe's live scheme; v0 (and any future scheme) is ignored, as stripe-python does.
 SCHEME = "v1"
 
@@ -65,21 +63,19 @@ class StripeSource(SignedSource):
     redelivery_days = 3.0
 
     async def verify(self, delivery: RawDelivery) -> Messages:
-        header = first_header(delivery.raw_headers, _RAW_HEADER)
-        if not header:
-            raise Unauthenticated(f"missing {HEADER} header")
+        header = HEADER.required(delivery.raw_headers)
         try:
             timestamp, offered = parse_signature_header(header)
         except ValueError:
-            raise Unauthenticated(f"{HEADER} is malformed: expected t=…,v1=…") from None
+            raise Unauthenticated(f"{HEADER.name} is malformed: expected t=…,v1=…") from None
         if not offered:
-            raise Unauthenticated(f"{HEADER} has no {SCHEME} signature")
+            raise Unauthenticated(f"{HEADER.name} has no {SCHEME} signature")
         signed = _signed(timestamp, delivery.body)
         expected = [mac.digest(signed).hex() for mac in self.macs]
         require_match(
-            expected, offered, f"no {HEADER} {SCHEME} signature matches a configured secret"
+            expected, offered, f"no {HEADER.name} {SCHEME} signature matches a configured secret"
         )
-        check_timestamp(str(timestamp), f"{HEADER} timestamp", self.tolerance_seconds)
+        check_timestamp(str(timestamp), f"{HEADER.name} timestamp", self.tolerance_seconds)
 
         require_json_media_type(delivery)
         payload = parse_json(delivery.body)
@@ -94,5 +90,5 @@ class StripeSource(SignedSource):
         header = stripe_signature_header(self.config.secret_values()[0], int(now()), body.encode())
         return (
             f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            f"-H 'content-type: application/json' -H '{HEADER}: {header}' --data '{body}'"
+            f"-H 'content-type: application/json' -H '{HEADER.name}: {header}' --data '{body}'"
         )
