@@ -29,6 +29,7 @@ import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -131,64 +132,79 @@ def outcomes(rows: Sequence[asyncpg.Record], counted: bool) -> str:
     return outcomes_document(results, leased=counted)
 
 
-async def drain_leased(conn: asyncpg.Connection, _: asyncpg.Connection, batch: int) -> int:
-    done = 0
-    while True:
-        await conn.execute(CLAIM_BEGIN)
-        rows = await conn.fetch(CLAIM_DUE, ["bench"], [30.0], batch)
-        await conn.execute("COMMIT")
-        if not rows:
-            return done
-        ids = [r["id"] for r in rows]
+async def hold_leased(
+    conn: asyncpg.Connection, _: asyncpg.Connection, batch: int
+) -> list[asyncpg.Record]:
+    """leased: mark the rows `processing` (counting the attempts) and commit, then lock them
+    again in the finishing transaction."""
+    await conn.execute(CLAIM_BEGIN)
+    rows: list[asyncpg.Record] = await conn.fetch(CLAIM_DUE, ["bench"], [30.0], batch)
+    await conn.execute("COMMIT")
+    if rows:
         await conn.execute("BEGIN")
-        await conn.fetch(HOLD, ids, [r["attempts"] + 1 for r in rows])
-        await conn.execute(EFFECTS, ids, [r["message_id"] for r in rows])
-        await conn.fetch(FINISH_ATTEMPTS, outcomes(rows, True), ["processing"], "bench")
+        await conn.fetch(HOLD, [r["id"] for r in rows], [r["attempts"] + 1 for r in rows])
+    return rows
+
+
+async def hold_locked(
+    conn: asyncpg.Connection, other: asyncpg.Connection, batch: int
+) -> list[asyncpg.Record]:
+    """locked: lock the due rows unchanged, and commit their claims on the other connection."""
+    await conn.execute(CLAIM_BEGIN)
+    rows: list[asyncpg.Record] = await conn.fetch(LOCK_DUE, ["bench"], batch)
+    if not rows:
         await conn.execute("COMMIT")
-        done += len(rows)
+        return rows
+    ids = [r["id"] for r in rows]
+    attempts = [r["attempts"] + 1 for r in rows]
+    await other.execute(RECORD_CLAIMS, ids, attempts, [30.0] * len(ids), "bench")
+    return rows
 
 
-async def drain_locked(conn: asyncpg.Connection, other: asyncpg.Connection, batch: int) -> int:
-    done = 0
-    while True:
-        await conn.execute(CLAIM_BEGIN)
-        rows = await conn.fetch(LOCK_DUE, ["bench"], batch)
-        if not rows:
-            await conn.execute("COMMIT")
-            return done
-        ids = [r["id"] for r in rows]
-        attempts = [r["attempts"] + 1 for r in rows]
-        await other.execute(RECORD_CLAIMS, ids, attempts, [30.0] * len(ids), "bench")
-        await conn.execute(EFFECTS, ids, [r["message_id"] for r in rows])
-        await conn.fetch(FINISH_ATTEMPTS, outcomes(rows, False), ["pending", "retrying"], "bench")
-        await conn.execute("COMMIT")
-        done += len(rows)
-
-
-async def drain_claim_rows(conn: asyncpg.Connection, _: asyncpg.Connection, batch: int) -> int:
-    done = 0
-    while True:
-        await conn.execute(CLAIM_BEGIN)
-        rows = await conn.fetch(CLAIM_ROWS, ["bench"], batch)
-        await conn.execute("COMMIT")
-        if not rows:
-            return done
-        ids = [r["id"] for r in rows]
+async def hold_claim_rows(
+    conn: asyncpg.Connection, _: asyncpg.Connection, batch: int
+) -> list[asyncpg.Record]:
+    """claim rows: insert claims and commit, then lock the rows whose claim is still ours."""
+    await conn.execute(CLAIM_BEGIN)
+    rows: list[asyncpg.Record] = await conn.fetch(CLAIM_ROWS, ["bench"], batch)
+    await conn.execute("COMMIT")
+    if rows:
         await conn.execute("BEGIN")
-        held = await conn.fetch(HOLD_CLAIM_ROWS, ids, [r["attempts"] for r in rows])
+        held = await conn.fetch(
+            HOLD_CLAIM_ROWS, [r["id"] for r in rows], [r["attempts"] for r in rows]
+        )
         assert len(held) == len(rows)
-        await conn.execute(EFFECTS, ids, [r["message_id"] for r in rows])
-        await conn.fetch(FINISH_ATTEMPTS, outcomes(rows, False), ["pending", "retrying"], "bench")
+    return rows
+
+
+@dataclass(frozen=True)
+class Side:
+    """One way of claiming: `hold` claims a batch and holds it in an open transaction on the
+    first connection (no rows: nothing due, nothing open); `leased`, whether the claim made
+    the rows `processing` and counted their attempts, as the finish must know."""
+
+    hold: Callable[[asyncpg.Connection, asyncpg.Connection, int], Awaitable[list[asyncpg.Record]]]
+    leased: bool
+
+
+SIDES: dict[str, Side] = {
+    "locked": Side(hold_locked, leased=False),
+    "leased": Side(hold_leased, leased=True),
+    "claim rows": Side(hold_claim_rows, leased=False),
+}
+
+
+async def drain(side: Side, conn: asyncpg.Connection, other: asyncpg.Connection, batch: int) -> int:
+    """Claim, hold and finish batches the side's way until none is due; how many messages.
+    The finish is every side's: each message's one-row effect and its attempt, processed."""
+    finishing = ["processing"] if side.leased else ["pending", "retrying"]
+    done = 0
+    while rows := await side.hold(conn, other, batch):
+        await conn.execute(EFFECTS, [r["id"] for r in rows], [r["message_id"] for r in rows])
+        await conn.fetch(FINISH_ATTEMPTS, outcomes(rows, side.leased), finishing, "bench")
         await conn.execute("COMMIT")
         done += len(rows)
-
-
-Drain = Callable[[asyncpg.Connection, asyncpg.Connection, int], Awaitable[int]]
-SIDES: dict[str, Drain] = {
-    "locked": drain_locked,
-    "leased": drain_leased,
-    "claim rows": drain_claim_rows,
-}
+    return done
 
 
 def backend_cpu(pids: Sequence[int]) -> float | None:
@@ -219,7 +235,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, list[dict[str
             for name in order:
                 await fill(setup, args.messages)
                 cpu_before, started = backend_cpu(pids), time.perf_counter()
-                done = await SIDES[name](conn, other, args.batch_size)
+                done = await drain(SIDES[name], conn, other, args.batch_size)
                 seconds = time.perf_counter() - started
                 cpu_after = backend_cpu(pids)
                 left = await setup.fetchval(

@@ -10,7 +10,6 @@ import tempfile
 import uuid
 import warnings
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -58,12 +57,7 @@ class BenchPostgres:
         self.embedded = True
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._server is not None:
             self._server.cleanup()
         if self._root is not None:

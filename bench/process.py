@@ -30,6 +30,7 @@ from bench.pg import BenchPostgres, add_recycled_wal_argument, recycled_wal
 from bench.profile import analyse, find_py_spy
 from bench.servers import MemorySampler, Server, process_tree, tree_cpu_seconds
 from bench.systems import RESULTS_DIR, console_script
+from service.store import notifications
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,16 +160,8 @@ async def wait_for_listeners(url: str, count: int, timeout: float = 60.0) -> Non
     """Until `count` workers LISTEN: each claim loop has looked once, and NOTIFY reaches them."""
     conn = await asyncpg.connect(url)
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            n = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE application_name = 'webhook-inbox-listener' AND datname = current_database()"
-            )
-            if n >= count:
-                return
-            await asyncio.sleep(0.05)
-        raise RuntimeError(f"{count} worker listeners did not connect in {timeout:g}s")
+        async with asyncio.timeout(timeout):
+            await notifications.wait_for_listeners(conn, count)
     finally:
         await conn.close()
 

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 import psutil
@@ -157,12 +156,7 @@ class Server:
                     return process.pid
         return self.pid
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.memory is not None:
             self.peak_rss = max(self.peak_rss, self.memory.stop())
         if self.process is not None and self.process.poll() is None:

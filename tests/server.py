@@ -10,7 +10,6 @@ import sys
 import time
 import weakref
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 
@@ -100,12 +99,7 @@ class ServerProcess:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import asyncpg
 
+from service.store.notifications import wait_for_listeners
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -39,16 +41,8 @@ def start_worker(
 
 async def wait_listening(db: asyncpg.Connection, count: int, timeout: float = 30) -> None:
     """Until `count` worker listeners are connected to this test's database."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        listening = await db.fetchval(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = 'webhook-inbox-listener' AND datname = current_database()"
-        )
-        if listening >= count:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{count} worker(s) did not start listening within {timeout}s")
+    async with asyncio.timeout(timeout):
+        await wait_for_listeners(db, count, interval=0.1)
 
 
 async def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:

@@ -212,7 +212,7 @@ def stripe(source: AnySource, wanted: Wanted) -> Delivery:
     secret = source.config.secret_values()[0]
     headers = {
         "content-type": JSON,
-        STRIPE_HEADER: stripe_signature_header(secret, timestamp(), body),
+        STRIPE_HEADER.name: stripe_signature_header(secret, timestamp(), body),
     }
     return Delivery(body, str(document["id"]), headers, token_query(source))
 
@@ -227,8 +227,8 @@ def github(source: AnySource, wanted: Wanted) -> Delivery:
     message_id = wanted.message_id or str(uuid.uuid4())
     headers = {
         "content-type": JSON,
-        EVENT_HEADER: event,
-        DELIVERY_HEADER: message_id,
+        EVENT_HEADER.name: event,
+        DELIVERY_HEADER.name: message_id,
         "X-Hub-Signature-256": github_signature(source.config.secret_values()[0], body),
     }
     return Delivery(body, message_id, headers, token_query(source))
@@ -240,8 +240,8 @@ def shopify(source: AnySource, wanted: Wanted) -> Delivery:
     message_id = wanted.message_id or str(uuid.uuid4())
     headers = {
         "content-type": JSON,
-        TOPIC_HEADER: wanted.event_type or "orders/create",
-        ID_HEADER: message_id,
+        TOPIC_HEADER.name: wanted.event_type or "orders/create",
+        ID_HEADER.name: message_id,
         "X-Shopify-Hmac-Sha256": shopify_signature(source.config.secret_values()[0], body),
     }
     return Delivery(body, message_id, headers, token_query(source))
@@ -265,8 +265,8 @@ def slack(source: AnySource, wanted: Wanted) -> Delivery:
     body = body_of(wanted, document)
     headers = {
         "content-type": JSON,
-        SLACK_TIMESTAMP: sent_at,
-        SLACK_SIGNATURE: slack_signature(source.config.secret_values()[0], sent_at, body),
+        SLACK_TIMESTAMP.name: sent_at,
+        SLACK_SIGNATURE.name: slack_signature(source.config.secret_values()[0], sent_at, body),
     }
     return Delivery(body, str(document["event_id"]), headers, token_query(source))
 

@@ -43,6 +43,13 @@ def _now() -> Any:
     return text("now()")
 
 
+def _identity_key() -> Any:
+    """A table's `id`: a bigint the database numbers (GENERATED ALWAYS), None until inserted."""
+    return Field(
+        default=None, sa_column=Column(BigInteger, Identity(always=True), primary_key=True)
+    )
+
+
 class InboxTable(SQLModel):
     """The inbox's own metadata, apart from `SQLModel.metadata`, where handler authors'
     tables go: Alembic compares the migrations with these tables only."""
@@ -104,10 +111,7 @@ class MessageRecord(InboxTable, table=True):
         Index("inbox_messages_event_type_idx", "event_type"),
     )
 
-    id: int | None = Field(
-        default=None,
-        sa_column=Column(BigInteger, Identity(always=True), primary_key=True),
-    )
+    id: int | None = _identity_key()
     source: str = Field(sa_column=Column(Text, nullable=False))
     message_id: str = Field(sa_column=Column(Text, nullable=False))
     event_type: str | None = Field(default=None, sa_column=Column(Text))
@@ -166,10 +170,7 @@ class AttemptRecord(InboxTable, table=True):
         Index("inbox_attempts_started_idx", "started_at"),
     )
 
-    id: int | None = Field(
-        default=None,
-        sa_column=Column(BigInteger, Identity(always=True), primary_key=True),
-    )
+    id: int | None = _identity_key()
     # No foreign key: its check per inserted row cost a tenth of PostgreSQL's CPU per
     # processed message, and every writer names a message it holds. Deleting or truncating
     # messages takes their attempts along by the statement triggers below (0007).
@@ -216,10 +217,7 @@ class ReceiptRecord(InboxTable, table=True):
 
     __tablename__ = "inbox_receipts"
 
-    id: int | None = Field(
-        default=None,
-        sa_column=Column(BigInteger, Identity(always=True), primary_key=True),
-    )
+    id: int | None = _identity_key()
     source: str = Field(sa_column=Column(Text, nullable=False))
     message_id: str = Field(sa_column=Column(Text, nullable=False))
     received: int = Field(sa_column=Column(Integer, nullable=False))

@@ -3,37 +3,22 @@ theirs in `service.processing.forward`."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from service.core import tracing
-from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
-from service.processing.runner import BatchDeadline, run_handlers
-from service.store.claims import AttemptResult, MessageRow, MessageSavepoints
+from service.store.claims import AttemptResult, MessageRow
 
 
 def handler_names(pipeline: Pipeline, event_type: str | None) -> list[str]:
     return [route.target for route in pipeline.routes if route.matches(event_type)]
 
 
-async def run_handlers_traced(
-    session: HandlerSession,
-    savepoints: MessageSavepoints,
-    pipeline: Pipeline,
-    row: MessageRow,
-    *,
-    isolated: bool = True,
-    deadline: BatchDeadline | None = None,
-    defer_flush: bool = False,
+async def in_attempt_span(
+    run: Awaitable[tuple[AttemptResult, BaseException | None]], pipeline: Pipeline, row: MessageRow
 ) -> tuple[AttemptResult, BaseException | None]:
-    """`run_handlers` inside the attempt's span, so the handlers' own calls are its children."""
-    run = run_handlers(
-        session,
-        savepoints,
-        pipeline,
-        row,
-        isolated=isolated,
-        deadline=deadline,
-        defer_flush=defer_flush,
-    )
+    """Await `run`, the attempt's `run_handlers(..., pipeline, row, ...)`, inside the attempt's
+    span, so the handlers' own calls are its children."""
     if not tracing.enabled():
         return await run
     names = handler_names(pipeline, row.event_type)

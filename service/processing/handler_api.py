@@ -69,22 +69,25 @@ class HandlerSession(AsyncSession):
         return await SQLAlchemyAsyncSession.execute(self, *args, **kwargs)
 
     async def commit(self) -> None:
-        if self._handler_running:
-            self._commit_refused = True
-            raise HandlerCommitError(
-                "a handler must not commit: webhook-inbox commits your effects together with "
-                "the message's processed mark once every handler has returned"
-            )
+        self._refuse_in_handler(
+            "a handler must not commit: webhook-inbox commits your effects together with "
+            "the message's processed mark once every handler has returned"
+        )
         await super().commit()
 
     async def rollback(self) -> None:
+        self._refuse_in_handler(
+            "a handler must not roll back: raise an exception instead, and webhook-inbox "
+            "rolls back this message's effects and records the failed attempt"
+        )
+        await super().rollback()
+
+    def _refuse_in_handler(self, why: str) -> None:
+        """While a handler runs, a commit or rollback is the inbox's: refuse it, and remember
+        the refusal (`_commit_refused`) in case the handler catches the error."""
         if self._handler_running:
             self._commit_refused = True
-            raise HandlerCommitError(
-                "a handler must not roll back: raise an exception instead, and webhook-inbox "
-                "rolls back this message's effects and records the failed attempt"
-            )
-        await super().rollback()
+            raise HandlerCommitError(why)
 
 
 @dataclass

@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.processing.attempt_spans import run_handlers_traced
+from service.processing.attempt_spans import in_attempt_span
 from service.processing.handler_api import RetryLater
 from service.processing.pipeline import Pipeline
-from service.processing.runner import handler_scope
+from service.processing.runner import handler_scope, run_handlers
 from service.sources.base import Message, Recorded
 from service.store.claims import MessageRow, finish_attempts
 from service.store.sync_ingest import ingest_transaction, insert_messages
@@ -61,9 +61,8 @@ async def run_in_transaction(
     async with handler_scope(conn) as (session, savepoints):
         for row in rows:
             # No savepoint: the first failure rolls the whole request's transaction back.
-            result, exc = await run_handlers_traced(
-                session, savepoints, pipeline, row, isolated=False
-            )
+            run = run_handlers(session, savepoints, pipeline, row, isolated=False)
+            result, exc = await in_attempt_span(run, pipeline, row)
             if exc is not None:
                 retry_after = exc.after_seconds if isinstance(exc, RetryLater) else None
                 raise HandlerFailed(row.source, row.message_id, retry_after) from exc

@@ -7,7 +7,8 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from http import HTTPStatus
+from typing import Any, ClassVar, Generic, Literal, TypeVar, get_args, get_origin
 
 import jiter
 
@@ -45,6 +46,32 @@ def first_header(raw: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
+
+
+class HeaderName:
+    """A header a kind reads, by its name as docs and errors spell it (`name`) and as the raw
+    header list holds it (`raw`), both made once when the kind is loaded; `where` is where a
+    refused value was looked for, as a 400 says it."""
+
+    # Slots: `required` reads `raw` on every delivery, and a slot is the quickest attribute.
+    __slots__ = ("name", "raw", "where")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.raw = raw_header_name(name)
+        self.where = f"the {name} header"
+
+    def required(self, raw: Sequence[tuple[bytes, bytes]]) -> str:
+        """The header's first value in `raw`; 401 naming it where it is missing or empty, as
+        for a signature or a key. `first_header`'s walk written out, not a call to it: one
+        call less on every delivery of a signed kind."""
+        name = self.raw
+        for key, value in raw:
+            if key == name:
+                if value:
+                    return value.decode("latin-1")
+                break
+        raise Unauthenticated(f"missing {self.name} header")
 
 
 def media_type_of(content_type: str) -> str:
@@ -136,11 +163,19 @@ class Recorded:
 
 
 class Rejected(Exception):
-    """A delivery refused before anything was recorded; becomes a problem response."""
+    """A delivery refused before anything was recorded; becomes a problem response.
+
+    A subclass sets `status` and `reason`; its problem's `title` is the status's own phrase
+    ("Unauthorized" for 401), named once here rather than beside each status."""
 
     status: ClassVar[int] = 400
-    title: ClassVar[str] = "Bad Request"
+    title: ClassVar[str] = HTTPStatus.BAD_REQUEST.phrase
     reason: ClassVar[str] = "bad_request"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "title" not in cls.__dict__:
+            cls.title = HTTPStatus(cls.status).phrase
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -149,27 +184,24 @@ class Rejected(Exception):
 
 class Unauthenticated(Rejected):
     status = 401
-    title = "Unauthorized"
     reason = "unauthenticated"
 
 
 class BadDelivery(Rejected):
-    status = 400
-    title = "Bad Request"
-    reason = "bad_request"
+    """A delivery whose body or headers cannot be read as the kind's: `Rejected`'s 400."""
 
 
 class UnsupportedMediaType(Rejected):
     status = 415
-    title = "Unsupported Media Type"
     reason = "unsupported_media_type"
 
 
 class Source(ABC, Generic[ConfigT]):
     """One configured source: `verify` authenticates and extracts, `respond` answers the sender.
 
-    A kind's module subclasses this, sets `kind` and `config_model`, and is listed in
-    `service.sources.KINDS`; the ingest path knows nothing else about it.
+    A kind's module subclasses this as `Source[ItsConfig]`, sets `kind`, and is listed in
+    `service.sources.KINDS`; the ingest path knows nothing else about it. `ItsConfig` is
+    also the model the sources file's table is read with (`config_model`).
 
     What a kind reads of its config on every delivery is best read once, in `__init__`, as
     this class does with the token and the timestamp tolerance: a pydantic model's attributes
@@ -178,11 +210,24 @@ class Source(ABC, Generic[ConfigT]):
     """
 
     kind: ClassVar[str]
+    # Set from the class's `Source[...]` (or a generic subclass's) parameter, where that is a
+    # model and not a type variable: the config type is named once, where the class is.
     config_model: ClassVar[type[SourceConfig]] = SourceConfig
     # Lower-case header names whose values are credentials under this kind.
     sensitive_headers: ClassVar[frozenset[str]] = frozenset()
     # Longest a sender may redeliver one message; pruning a younger row re-opens duplicates.
     redelivery_days: ClassVar[float] = 3.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "config_model" in cls.__dict__:
+            return
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            origin = get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, Source):
+                for model in get_args(base):
+                    if isinstance(model, type) and issubclass(model, SourceConfig):
+                        cls.config_model = model
 
     def __init__(self, name: str, config: ConfigT) -> None:
         self.name = name

@@ -6,11 +6,11 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.sources.base import RawDelivery, Unauthenticated, first_header, raw_header_name
+from service.sources.base import HeaderName, RawDelivery, Source, Unauthenticated
 from service.sources.config import SourceConfig
 from service.sources.limits import checked_header_name
 from service.sources.signing import keyed_macs, require_match
@@ -75,8 +75,7 @@ class BodyHmac:
 
     def __init__(self, spec: HmacConfig, secrets: Sequence[bytes]) -> None:
         self.macs = keyed_macs(secrets, _DIGESTS[spec.algorithm])
-        self._header = spec.header
-        self._raw_header = raw_header_name(spec.header)
+        self._header = HeaderName(spec.header)
         self._prefix = spec.prefix
         self._hex = spec.encoding == "hex"
         self._encode = _ENCODERS[spec.encoding]
@@ -84,12 +83,10 @@ class BodyHmac:
 
     def check(self, delivery: RawDelivery) -> None:
         """401 unless the header carries the HMAC of the raw body under one of the keys."""
-        header = first_header(delivery.raw_headers, self._raw_header)
-        if not header:
-            raise Unauthenticated(f"missing {self._header} header")
+        header = self._header.required(delivery.raw_headers)
         prefix = self._prefix
         if not header.startswith(prefix):
-            raise Unauthenticated(f"{self._header} does not start with {prefix!r}")
+            raise Unauthenticated(f"{self._header.name} does not start with {prefix!r}")
         offered = header[len(prefix) :].strip()
         if self._hex:
             offered = offered.lower()
@@ -103,3 +100,18 @@ def body_hmac(config: BodyHmacConfig) -> BodyHmac | None:
     if config.hmac is None:
         return None
     return BodyHmac(config.hmac, config.secret_values())
+
+
+BodyHmacConfigT = TypeVar("BodyHmacConfigT", bound=BodyHmacConfig)
+
+
+class BodyHmacSource(Source[BodyHmacConfigT]):
+    """A kind whose config may add an `[hmac]` check: `verify` runs `_body_hmac` where there
+    is one, and its header's value is never stored."""
+
+    def __init__(self, name: str, config: BodyHmacConfigT) -> None:
+        super().__init__(name, config)
+        self._body_hmac = body_hmac(config)
+
+    def is_sensitive_header(self, name: str) -> bool:
+        return super().is_sensitive_header(name) or self.config.is_hmac_header(name)

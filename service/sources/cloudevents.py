@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import Field
 
 from service.sources.base import (
     Handshake,
     Messages,
     RawDelivery,
-    Source,
 )
-from service.sources.body_hmac import BodyHmacConfig, body_hmac
+from service.sources.body_hmac import BodyHmacConfig, BodyHmacSource
 from service.sources.cloudevents_http import abuse_protection, read_events
-from service.sources.config import SourceConfig
 
 
 class CloudEventsConfig(BodyHmacConfig):
@@ -23,19 +19,11 @@ class CloudEventsConfig(BodyHmacConfig):
     allowed_rate: str | None = Field(default=None, pattern=r"^(\*|[1-9][0-9]*)$")
 
 
-class CloudEventsSource(Source[CloudEventsConfig]):
+class CloudEventsSource(BodyHmacSource[CloudEventsConfig]):
     kind = "cloudevents"
-    config_model: ClassVar[type[SourceConfig]] = CloudEventsConfig
     # Unknown sender and retry policy: the generic window. Event Grid's CloudEvents schema
     # retries for at most 24 hours; Knative brokers retry for minutes.
     redelivery_days = 3.0
-
-    def __init__(self, name: str, config: CloudEventsConfig) -> None:
-        super().__init__(name, config)
-        self._body_hmac = body_hmac(config)
-
-    def is_sensitive_header(self, name: str) -> bool:
-        return super().is_sensitive_header(name) or self.config.is_hmac_header(name)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self._body_hmac is not None:

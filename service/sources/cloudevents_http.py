@@ -32,7 +32,6 @@ _RAW_CE_PREFIX = raw_header_name(CE_HEADER_PREFIX)
 
 class OriginNotAllowed(Rejected):
     status = 403
-    title = "Forbidden"
     reason = "origin_not_allowed"
 
 

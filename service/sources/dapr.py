@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from service.sources.base import (
     BadDelivery,
     Handshake,
+    HeaderName,
     Messages,
     RawDelivery,
     Recorded,
@@ -17,16 +18,13 @@ from service.sources.base import (
     Unauthenticated,
     UnsupportedMediaType,
     constant_time_equal,
-    first_header,
-    raw_header_name,
 )
 from service.sources.cloudevents_http import STRUCTURED, structured_event
 from service.sources.config import Secret, SourceConfig
 
 log = logging.getLogger("service.sources.dapr")
 
-API_TOKEN_HEADER = "dapr-api-token"
-_API_TOKEN = raw_header_name(API_TOKEN_HEADER)
+API_TOKEN_HEADER = HeaderName("dapr-api-token")
 
 
 class DaprConfig(SourceConfig):
@@ -40,8 +38,7 @@ class DaprConfig(SourceConfig):
 
 class DaprSource(Source[DaprConfig]):
     kind = "dapr"
-    config_model: ClassVar[type[SourceConfig]] = DaprConfig
-    sensitive_headers = frozenset({API_TOKEN_HEADER})
+    sensitive_headers = frozenset({API_TOKEN_HEADER.name})
     # Dapr redelivers for as long as its broker keeps the message unacknowledged; 7 days
     # covers Kafka's default retention and Pub/Sub's and Service Bus's usual settings.
     redelivery_days = 7.0
@@ -53,11 +50,9 @@ class DaprSource(Source[DaprConfig]):
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self._app_api_token is not None:
-            offered = first_header(delivery.raw_headers, _API_TOKEN)
-            if not offered:
-                raise Unauthenticated(f"missing {API_TOKEN_HEADER} header")
+            offered = API_TOKEN_HEADER.required(delivery.raw_headers)
             if not constant_time_equal(offered, self._app_api_token):
-                raise Unauthenticated(f"{API_TOKEN_HEADER} does not match app_api_token")
+                raise Unauthenticated(f"{API_TOKEN_HEADER.name} does not match app_api_token")
         # Dapr posts the envelope in structured mode; a publisher's own CloudEvent may arrive as
         # plain JSON. A raw payload (metadata.rawPayload) carries no id to deduplicate on.
         if delivery.media_type not in (STRUCTURED, "application/json"):

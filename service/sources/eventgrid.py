@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from service.sources.base import (
     BadDelivery,
     Handshake,
+    HeaderName,
     Message,
     Messages,
     RawDelivery,
     Source,
     Unauthenticated,
     constant_time_equal,
-    first_header,
     parse_json,
-    raw_header_name,
     require_json_media_type,
 )
 from service.sources.cloudevents_http import abuse_protection, read_events, serialized
@@ -54,14 +53,12 @@ class EventGridConfig(SourceConfig):
 
 class EventGridSource(Source[EventGridConfig]):
     kind = "eventgrid"
-    config_model: ClassVar[type[SourceConfig]] = EventGridConfig
     # Event Grid retries for the event's time-to-live: 1440 minutes by default and at most.
     redelivery_days = 1.0
 
     def __init__(self, name: str, config: EventGridConfig) -> None:
         super().__init__(name, config)
-        key_header = config.key_header
-        self._key_header = (key_header, raw_header_name(key_header)) if key_header else None
+        self._key_header = HeaderName(config.key_header) if config.key_header else None
         self._keys = config.secret_values()
 
     def is_sensitive_header(self, name: str) -> bool:
@@ -70,7 +67,7 @@ class EventGridSource(Source[EventGridConfig]):
 
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
         if self._key_header is not None:
-            self._check_key(delivery, *self._key_header)
+            self._check_key(delivery, self._key_header)
         if delivery.media_type.startswith("application/cloudevents"):
             return read_events(delivery, binary=False)
         require_json_media_type(delivery)
@@ -110,10 +107,8 @@ class EventGridSource(Source[EventGridConfig]):
         log.info("eventgrid subscription validated", extra={"source": self.name})
         return Handshake(200, {"validationResponse": code})
 
-    def _check_key(self, delivery: RawDelivery, header: str, raw_header: bytes) -> None:
-        offered = first_header(delivery.raw_headers, raw_header)
-        if not offered:
-            raise Unauthenticated(f"missing {header} header")
+    def _check_key(self, delivery: RawDelivery, header: HeaderName) -> None:
+        offered = header.required(delivery.raw_headers)
         matches = [constant_time_equal(offered, key) for key in self._keys]
         if not any(matches):
             raise Unauthenticated(f"{header} does not match a configured secret")

@@ -6,7 +6,7 @@ import base64
 import binascii
 import hashlib
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
@@ -14,7 +14,6 @@ from service.sources.base import (
     Message,
     Messages,
     RawDelivery,
-    Source,
     Unauthenticated,
     authorization,
     constant_time_equal,
@@ -23,8 +22,8 @@ from service.sources.base import (
     raw_header_name,
     require_json_media_type,
 )
-from service.sources.body_hmac import BodyHmacConfig, body_hmac, body_signature
-from service.sources.config import Secret, SourceConfig
+from service.sources.body_hmac import BodyHmacConfig, BodyHmacSource, body_signature
+from service.sources.config import Secret
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
 from service.sources.limits import checked_event_type, checked_header_name, checked_message_id
 
@@ -63,14 +62,12 @@ class GenericConfig(BodyHmacConfig):
         return self
 
 
-class GenericSource(Source[GenericConfig]):
+class GenericSource(BodyHmacSource[GenericConfig]):
     kind = "generic"
-    config_model: ClassVar[type[SourceConfig]] = GenericConfig
     redelivery_days = 3.0
 
     def __init__(self, name: str, config: GenericConfig) -> None:
         super().__init__(name, config)
-        self._body_hmac = body_hmac(config)
         # What `verify` reads of the config on every delivery, read once (see `Source`).
         basic_auth = config.basic_auth
         self._basic_auth = None if basic_auth is None else basic_auth.get_secret_value()
@@ -87,9 +84,6 @@ class GenericSource(Source[GenericConfig]):
             [f"the {config.id_header} header"] * bool(config.id_header)
             + [f"the JSON field {config.id_json_pointer}"] * (config.id_json_pointer is not None)
         )
-
-    def is_sensitive_header(self, name: str) -> bool:
-        return super().is_sensitive_header(name) or self.config.is_hmac_header(name)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self._basic_auth is not None:

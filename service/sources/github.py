@@ -3,32 +3,26 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import parse_qs
 
 from service.sources.base import (
     BadDelivery,
+    HeaderName,
     Message,
     Messages,
     RawDelivery,
-    Source,
-    Unauthenticated,
     UnsupportedMediaType,
     first_header,
     is_json_media_type,
     parse_json,
-    raw_header_name,
 )
-from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, hmac_sha256, keyed_macs, require_match
+from service.sources.signing import SignedSource, hmac_sha256, require_match
 
-SIGNATURE_HEADER = "X-Hub-Signature-256"
-DELIVERY_HEADER = "X-GitHub-Delivery"
-EVENT_HEADER = "X-GitHub-Event"
-_SIGNATURE = raw_header_name(SIGNATURE_HEADER)
-_DELIVERY = raw_header_name(DELIVERY_HEADER)
-_EVENT = raw_header_name(EVENT_HEADER)
+SIGNATURE_HEADER = HeaderName("X-Hub-Signature-256")
+DELIVERY_HEADER = HeaderName("X-GitHub-Delivery")
+EVENT_HEADER = HeaderName("X-GitHub-Event")
 PREFIX = "sha256="
 FORM = "application/x-www-form-urlencoded"
 
@@ -42,37 +36,30 @@ def _header_value(digest: bytes) -> str:
     return PREFIX + digest.hex()
 
 
-class GitHubSource(Source[SourceConfig]):
+class GitHubSource(SignedSource):
     kind = "github"
-    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-hub-signature-256", "x-hub-signature"})
     # GitHub never redelivers on its own, but a person or script may redeliver a delivery (same
     # X-GitHub-Delivery) from the past 3 days on github.com and 7 days on Enterprise Server
     # (docs.github.com "Redelivering webhooks"); keep the longer window.
     redelivery_days = 7.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
-
     async def verify(self, delivery: RawDelivery) -> Messages:
-        offered = first_header(delivery.raw_headers, _SIGNATURE)
-        if not offered:
-            raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
+        offered = SIGNATURE_HEADER.required(delivery.raw_headers)
         require_match(
             (_header_value(mac.digest(delivery.body)) for mac in self.macs),
             [offered.strip()],
-            f"{SIGNATURE_HEADER} does not match a configured secret",
+            f"{SIGNATURE_HEADER.name} does not match a configured secret",
         )
 
         message_id = checked_message_id(
-            first_header(delivery.raw_headers, _DELIVERY), f"the {DELIVERY_HEADER} header"
+            first_header(delivery.raw_headers, DELIVERY_HEADER.raw), DELIVERY_HEADER.where
         )
-        event = first_header(delivery.raw_headers, _EVENT) or None
+        event = first_header(delivery.raw_headers, EVENT_HEADER.raw) or None
         action = _action(self._payload(delivery))
         event_type = checked_event_type(
             f"{event}.{action}" if event and action else event,
-            f"the {EVENT_HEADER} header and the JSON field action",
+            f"the {EVENT_HEADER.name} header and the JSON field action",
         )
         return Messages([Message(message_id, event_type)])
 
@@ -103,8 +90,8 @@ class GitHubSource(Source[SourceConfig]):
         return (
             f"curl -sS -X POST {base_url}/webhooks/{self.name} "
             "-H 'content-type: application/json' "
-            f"-H '{EVENT_HEADER}: ping' -H '{DELIVERY_HEADER}: 00000000-demo' "
-            f"-H '{SIGNATURE_HEADER}: {signature}' --data '{body}'"
+            f"-H '{EVENT_HEADER.name}: ping' -H '{DELIVERY_HEADER.name}: 00000000-demo' "
+            f"-H '{SIGNATURE_HEADER.name}: {signature}' --data '{body}'"
         )
 
 

@@ -48,7 +48,6 @@ def checked_header_name(name: str) -> str:
 
 class HeadersTooLarge(Rejected):
     status = 431
-    title = "Request Header Fields Too Large"
     reason = "headers_too_large"
 
 

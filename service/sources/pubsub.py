@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -40,7 +40,6 @@ REFETCH_AFTER_SECONDS = 60.0
 
 class KeysUnavailable(Rejected):
     status = 503
-    title = "Service Unavailable"
     reason = "keys_unavailable"
 
 
@@ -140,7 +139,6 @@ class JwksCache:
 
 class PubSubSource(Source[PubSubConfig]):
     kind = "pubsub"
-    config_model: ClassVar[type[SourceConfig]] = PubSubConfig
     # A push subscription redelivers an unacknowledged message until the subscription's
     # message retention ends: at most 7 days.
     redelivery_days = 7.0

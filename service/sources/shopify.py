@@ -5,27 +5,21 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import ClassVar
 
 from service.sources.base import (
+    HeaderName,
     Message,
     Messages,
     RawDelivery,
-    Source,
     Unauthenticated,
     first_header,
-    raw_header_name,
 )
-from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSourceConfig, hmac_sha256, keyed_macs, require_match
+from service.sources.signing import SignedSource, hmac_sha256, require_match
 
-SIGNATURE_HEADER = "X-Shopify-Hmac-Sha256"
-ID_HEADER = "X-Shopify-Webhook-Id"
-TOPIC_HEADER = "X-Shopify-Topic"
-_SIGNATURE = raw_header_name(SIGNATURE_HEADER)
-_ID = raw_header_name(ID_HEADER)
-_TOPIC = raw_header_name(TOPIC_HEADER)
+SIGNATURE_HEADER = HeaderName("X-Shopify-Hmac-Sha256")
+ID_HEADER = HeaderName("X-Shopify-Webhook-Id")
+TOPIC_HEADER = HeaderName("X-Shopify-Topic")
 
 
 def shopify_signature(secret: bytes, body: bytes) -> str:
@@ -33,37 +27,30 @@ def shopify_signature(secret: bytes, body: bytes) -> str:
     return base64.b64encode(hmac_sha256(secret, body)).decode()
 
 
-class ShopifySource(Source[SourceConfig]):
+class ShopifySource(SignedSource):
     kind = "shopify"
-    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-shopify-hmac-sha256"})
     # Since 2024-09 Shopify retries "8 times over 4 hours" (shopify.dev changelog "Updates to
     # webhook retry mechanism"); a day leaves room for a delivery that is itself slow to arrive.
     redelivery_days = 1.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
-
     async def verify(self, delivery: RawDelivery) -> Messages:
         raw = delivery.raw_headers
-        header = first_header(raw, _SIGNATURE)
-        if not header:
-            raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
+        header = SIGNATURE_HEADER.required(raw)
         try:
             offered = base64.b64decode(header.strip(), validate=True)
         except (binascii.Error, ValueError):
-            raise Unauthenticated(f"{SIGNATURE_HEADER} is not base64") from None
+            raise Unauthenticated(f"{SIGNATURE_HEADER.name} is not base64") from None
         require_match(
             (mac.digest(delivery.body) for mac in self.macs),
             [offered],
-            f"{SIGNATURE_HEADER} does not match a configured secret",
+            f"{SIGNATURE_HEADER.name} does not match a configured secret",
         )
 
         # Everything needed is in headers, so the body stays opaque: Shopify may send JSON or,
         # for webhooks created in the admin with that format, XML.
-        message_id = checked_message_id(first_header(raw, _ID), f"the {ID_HEADER} header")
-        topic = checked_event_type(first_header(raw, _TOPIC), f"the {TOPIC_HEADER} header")
+        message_id = checked_message_id(first_header(raw, ID_HEADER.raw), ID_HEADER.where)
+        topic = checked_event_type(first_header(raw, TOPIC_HEADER.raw), TOPIC_HEADER.where)
         return Messages([Message(message_id, topic)])
 
     def example_curl(self, base_url: str) -> str | None:
@@ -72,6 +59,6 @@ class ShopifySource(Source[SourceConfig]):
         return (
             f"curl -sS -X POST {base_url}/webhooks/{self.name} "
             "-H 'content-type: application/json' "
-            f"-H '{TOPIC_HEADER}: orders/create' -H '{ID_HEADER}: demo-webhook-1' "
-            f"-H '{SIGNATURE_HEADER}: {signature}' --data '{body}'"
+            f"-H '{TOPIC_HEADER.name}: orders/create' -H '{ID_HEADER.name}: demo-webhook-1' "
+            f"-H '{SIGNATURE_HEADER.name}: {signature}' --data '{body}'"
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import model_validator
 
-from service.sources.base import Unauthenticated, constant_time_equal
+from service.sources.base import Source, Unauthenticated, constant_time_equal
 from service.sources.config import SourceConfig
 
 
@@ -92,6 +92,14 @@ class SignedSourceConfig(SourceConfig):
         if not self.secrets:
             raise ValueError(f"{self.kind} needs at least one entry in secrets")
         return self
+
+
+class SignedSource(Source[SignedSourceConfig]):
+    """A kind whose sender signs with one of `secrets`: each keyed once, in `macs`."""
+
+    def __init__(self, name: str, config: SignedSourceConfig) -> None:
+        super().__init__(name, config)
+        self.macs = keyed_macs(config.secret_values())
 
 
 def check_timestamp(text: str, header: str, tolerance_seconds: int) -> None:

@@ -3,36 +3,28 @@
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 
 from service.sources.base import (
     BadDelivery,
     Handshake,
+    HeaderName,
     Message,
     Messages,
     RawDelivery,
-    Source,
-    Unauthenticated,
     UnsupportedMediaType,
-    first_header,
     parse_json,
-    raw_header_name,
 )
-from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import (
-    SignedSourceConfig,
+    SignedSource,
     check_timestamp,
     hmac_sha256,
-    keyed_macs,
     now,
     require_match,
 )
 
-SIGNATURE_HEADER = "X-Slack-Signature"
-TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
-_SIGNATURE = raw_header_name(SIGNATURE_HEADER)
-_TIMESTAMP = raw_header_name(TIMESTAMP_HEADER)
+SIGNATURE_HEADER = HeaderName("X-Slack-Signature")
+TIMESTAMP_HEADER = HeaderName("X-Slack-Request-Timestamp")
 VERSION = "v0"
 
 
@@ -49,33 +41,23 @@ def _signed(timestamp: str, body: bytes) -> bytes:
     return f"{VERSION}:{timestamp}:".encode() + body
 
 
-class SlackSource(Source[SourceConfig]):
+class SlackSource(SignedSource):
     kind = "slack"
-    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"x-slack-signature"})
     # Slack retries a failed event 3 times: at once, after 1 minute, after 5 minutes
     # (api.slack.com/apis/events-api#retries). A day is the smallest window worth configuring.
     redelivery_days = 1.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
-
     async def verify(self, delivery: RawDelivery) -> Messages | Handshake:
-        offered = first_header(delivery.raw_headers, _SIGNATURE)
-        timestamp = first_header(delivery.raw_headers, _TIMESTAMP)
-        if not offered:
-            raise Unauthenticated(f"missing {SIGNATURE_HEADER} header")
-        if not timestamp:
-            raise Unauthenticated(f"missing {TIMESTAMP_HEADER} header")
-        timestamp = timestamp.strip()
+        offered = SIGNATURE_HEADER.required(delivery.raw_headers)
+        timestamp = TIMESTAMP_HEADER.required(delivery.raw_headers).strip()
         signed = _signed(timestamp, delivery.body)
         require_match(
             (_header_value(mac.digest(signed)) for mac in self.macs),
             [offered.strip()],
-            f"{SIGNATURE_HEADER} does not match a configured secret",
+            f"{SIGNATURE_HEADER.name} does not match a configured secret",
         )
-        check_timestamp(timestamp, TIMESTAMP_HEADER, self.tolerance_seconds)
+        check_timestamp(timestamp, TIMESTAMP_HEADER.name, self.tolerance_seconds)
 
         media = delivery.media_type
         if media and media != "application/json":
@@ -116,6 +98,6 @@ class SlackSource(Source[SourceConfig]):
         return (
             f"curl -sS -X POST {base_url}/webhooks/{self.name} "
             "-H 'content-type: application/json' "
-            f"-H '{TIMESTAMP_HEADER}: {ts}' -H '{SIGNATURE_HEADER}: {signature}' "
+            f"-H '{TIMESTAMP_HEADER.name}: {ts}' -H '{SIGNATURE_HEADER.name}: {signature}' "
             f"--data '{body}'"
         )

@@ -7,7 +7,7 @@ import binascii
 import logging
 import re
 from collections import OrderedDict
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from cryptography import x509
@@ -62,13 +62,11 @@ CERT_CACHE_SIZE = 32
 
 class Forbidden(Rejected):
     status = 403
-    title = "Forbidden"
     reason = "forbidden"
 
 
 class SnsUnreachable(Rejected):
     status = 503
-    title = "Service Unavailable"
     reason = "sns_unreachable"
 
 
@@ -154,7 +152,6 @@ class SnsConfig(SourceConfig):
 
 class SnsSource(Source[SnsConfig]):
     kind = "sns"
-    config_model: ClassVar[type[SourceConfig]] = SnsConfig
     # HTTP/S delivery policies retry for at most 3,600 seconds (a hard limit); one day leaves
     # room for manual redrives from a dead-letter queue soon after.
     redelivery_days = 1.0

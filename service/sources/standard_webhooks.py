@@ -8,7 +8,7 @@ import binascii
 import hashlib
 import hmac
 import json
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -151,15 +151,13 @@ def _signing_headers(delivery: RawDelivery) -> tuple[str, str, str]:
     )
 
 
-class StandardWebhooksSource(Source[SourceConfig]):
+class StandardWebhooksSource(Source[StandardWebhooksConfig]):
     kind = "standard-webhooks"
-    config_model: ClassVar[type[SourceConfig]] = StandardWebhooksConfig
     sensitive_headers = frozenset({"webhook-signature", "svix-signature"})
     redelivery_days = 3.0  # Svix's schedule ends about 27 hours after the first try
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
+    def __init__(self, name: str, config: StandardWebhooksConfig) -> None:
         super().__init__(name, config)
-        assert isinstance(config, StandardWebhooksConfig)
         self.keys = [decode_secret(s.get_secret_value()) for s in config.secrets]
         self.macs = keyed_macs(self.keys)
         self.public_keys = [decode_public_key(k) for k in config.public_keys]

@@ -3,32 +3,26 @@
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 
 from service.sources.base import (
+    HeaderName,
     Message,
     Messages,
     RawDelivery,
-    Source,
     Unauthenticated,
-    first_header,
     parse_json,
-    raw_header_name,
     require_json_media_type,
 )
-from service.sources.config import SourceConfig
 from service.sources.limits import checked_event_type, checked_message_id
 from service.sources.signing import (
-    SignedSourceConfig,
+    SignedSource,
     check_timestamp,
     hmac_sha256,
-    keyed_macs,
     now,
     require_match,
 )
 
-HEADER = "Stripe-Signature"
-_RAW_HEADER = raw_header_name(HEADER)
+HEADER = HeaderName("Stripe-Signature")
 # Only v1 is Stripe's live scheme; v0 (and any future scheme) is ignored, as stripe-python does.
 SCHEME = "v1"
 
@@ -61,34 +55,27 @@ def parse_signature_header(header: str) -> tuple[int, list[str]]:
     return int(timestamps[0]), signatures
 
 
-class StripeSource(Source[SourceConfig]):
+class StripeSource(SignedSource):
     kind = "stripe"
-    config_model: ClassVar[type[SourceConfig]] = SignedSourceConfig
     sensitive_headers = frozenset({"stripe-signature"})
     # "Stripe attempts to deliver events to your destination for up to three days with an
     # exponential back off" (docs.stripe.com/webhooks, live mode).
     redelivery_days = 3.0
 
-    def __init__(self, name: str, config: SourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
-
     async def verify(self, delivery: RawDelivery) -> Messages:
-        header = first_header(delivery.raw_headers, _RAW_HEADER)
-        if not header:
-            raise Unauthenticated(f"missing {HEADER} header")
+        header = HEADER.required(delivery.raw_headers)
         try:
             timestamp, offered = parse_signature_header(header)
         except ValueError:
-            raise Unauthenticated(f"{HEADER} is malformed: expected t=…,v1=…") from None
+            raise Unauthenticated(f"{HEADER.name} is malformed: expected t=…,v1=…") from None
         if not offered:
-            raise Unauthenticated(f"{HEADER} has no {SCHEME} signature")
+            raise Unauthenticated(f"{HEADER.name} has no {SCHEME} signature")
         signed = _signed(timestamp, delivery.body)
         expected = [mac.digest(signed).hex() for mac in self.macs]
         require_match(
-            expected, offered, f"no {HEADER} {SCHEME} signature matches a configured secret"
+            expected, offered, f"no {HEADER.name} {SCHEME} signature matches a configured secret"
         )
-        check_timestamp(str(timestamp), f"{HEADER} timestamp", self.tolerance_seconds)
+        check_timestamp(str(timestamp), f"{HEADER.name} timestamp", self.tolerance_seconds)
 
         require_json_media_type(delivery)
         payload = parse_json(delivery.body)
@@ -103,5 +90,5 @@ class StripeSource(Source[SourceConfig]):
         header = stripe_signature_header(self.config.secret_values()[0], int(now()), body.encode())
         return (
             f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            f"-H 'content-type: application/json' -H '{HEADER}: {header}' --data '{body}'"
+            f"-H 'content-type: application/json' -H '{HEADER.name}: {header}' --data '{body}'"
         )

@@ -18,6 +18,13 @@ log = logging.getLogger("service.worker.listener")
 NOTIFY_CHANNEL = "webhook_inbox"
 NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :source)")
 
+# The listener's connection is named so that it can be found in pg_stat_activity.
+LISTENER_APPLICATION_NAME = "webhook-inbox-listener"
+COUNT_LISTENERS = (
+    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+    " AND datname = current_database()"
+)
+
 HEALTH_CHECK_SECONDS = 15.0
 MAX_RECONNECT_DELAY_SECONDS = 30.0
 
@@ -39,7 +46,7 @@ async def listen_for_messages(url: str, on_notify: Callable[[], None]) -> NoRetu
             conn = await asyncpg.connect(
                 asyncpg_dsn(url),
                 timeout=10,
-                server_settings={"application_name": "webhook-inbox-listener"},
+                server_settings={"application_name": LISTENER_APPLICATION_NAME},
             )
             await conn.add_listener(NOTIFY_CHANNEL, callback)
             log.info("listening", extra={"channel": NOTIFY_CHANNEL})
@@ -59,3 +66,13 @@ async def listen_for_messages(url: str, on_notify: Callable[[], None]) -> NoRetu
                 conn.terminate()
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_RECONNECT_DELAY_SECONDS)
+
+
+async def wait_for_listeners(conn: asyncpg.Connection, count: int, interval: float = 0.05) -> None:
+    """Until `count` workers' listeners are connected to `conn`'s database, so that a NOTIFY
+    reaches them all: for what starts worker processes and then counts on them (the
+    benchmarks, the end-to-end tests), under their own `asyncio.timeout`."""
+    while True:
+        if await conn.fetchval(COUNT_LISTENERS, LISTENER_APPLICATION_NAME) >= count:
+            return
+        await asyncio.sleep(interval)

@@ -7,7 +7,7 @@ import logging
 import sys
 import threading
 import time
-from types import FrameType, TracebackType
+from types import FrameType
 
 from service.processing.runner import call_handlers
 
@@ -41,12 +41,7 @@ class LoopWatchdog:
         self._thread.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stopped.set()
         if self._beat_handle is not None:
             self._beat_handle.cancel()

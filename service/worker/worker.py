@@ -18,12 +18,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.metrics import Metrics
 from service.core.settings import Settings
-from service.processing.attempt_spans import run_handlers_traced
+from service.processing.attempt_spans import in_attempt_span
 from service.processing.forward import forward_message_traced, lease_seconds
 from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
 from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry_failure
-from service.processing.runner import BatchDeadline, flush_effects, handler_scope
+from service.processing.runner import BatchDeadline, flush_effects, handler_scope, run_handlers
 from service.sources.config_file import InboxConfig
 from service.store.claims import (
     RESTORE_PLANS,
@@ -517,15 +517,17 @@ class Worker:
                         if failed is not None and row is failed[0]:
                             results.append(failed[1])
                             continue
-                        result, exc = await run_handlers_traced(
+                        pipeline = self.pipelines[row.source]
+                        run = run_handlers(
                             session,
                             savepoints,
-                            self.pipelines[row.source],
+                            pipeline,
                             row,
                             isolated=isolated,
                             deadline=deadline,
                             defer_flush=defer_flush,
                         )
+                        result, exc = await in_attempt_span(run, pipeline, row)
                         if exc is not None and not isolated:
                             raise _OptimisticRunFailed(row, result)
                         if exc is not None and isolate_failed:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi import Depends, Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api.console.session import (
     COOKIE,
@@ -54,6 +54,10 @@ class Operator:
 
     admin: Admin
     csrf: str
+
+    def page(self, template: str, *, title: str, nav: str = "", **context: Any) -> HTMLResponse:
+        """A page of the signed-in console: its navigation, and forms that carry `csrf`."""
+        return page(template, title=title, csrf=self.csrf, nav=nav, **context)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from service.api.admin.models import RetryRequest, RetryResult
 from service.api.console import views
 from service.api.console.access import ActionDep, ConsoleError, Operator
 from service.api.console.pages import bulk_retry_request, load_message, message_number
-from service.api.console.templating import page
 from service.api.console.views import FILTER_KEYS, url
 from service.api.problems import ProblemError
 from service.api.state import AppState, StateDep
@@ -61,10 +60,9 @@ async def bulk_retry(state: StateDep, action: ActionDep) -> Response:
     operator, form = action
     items = views.query_items(form.fields, FILTER_KEYS)
     result = await messages_api.bulk_retry(state, operator.admin, bulk_retry_request(items))
-    return page(
+    return operator.page(
         "bulk_done.html",
         title="Messages retried",
-        csrf=operator.csrf,
         nav="messages",
         matched=result.matched,
         retried=result.retried,

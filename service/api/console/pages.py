@@ -90,7 +90,7 @@ async def overview_context(state: AppState) -> dict[str, Any]:
 async def overview(state: StateDep, operator: OperatorDep) -> Response:
     """The inbox at a glance: dead letters, the backlog, the last hour, each source."""
     context = await overview_context(state)
-    return page("overview.html", title="Overview", csrf=operator.csrf, nav="overview", **context)
+    return operator.page("overview.html", title="Overview", nav="overview", **context)
 
 
 @router.get("/overview/live")
@@ -125,18 +125,13 @@ async def messages(request: Request, state: StateDep, operator: OperatorDep) -> 
         except ProblemError as exc:  # an altered or stale cursor
             problems = [exc.detail]
     filters = [(k, v) for k, v in items if k in FILTER_KEYS]
-    return page(
+    return operator.page(
         "messages.html",
         title="Messages",
-        csrf=operator.csrf,
         nav="messages",
-        listing=listing,
-        problems=problems,
-        paging=paging("/console/messages", filters, items, listing),
-        form=dict(filters),
+        **await listing_context(state, "/console/messages", items, filters, listing, problems),
         chosen_statuses={v for k, v in filters if k == "status"},
         statuses=store.STATUSES,
-        sources=await source_names(state),
         bulk_url=url("/console/bulk-retry", filters),
     )
 
@@ -145,6 +140,26 @@ async def messages(request: Request, state: StateDep, operator: OperatorDep) -> 
 class Paging:
     next_url: str | None  # the next, older page
     first_url: str | None  # back to the newest, when this is not the first page
+
+
+async def listing_context(
+    state: AppState,
+    path: str,
+    items: list[tuple[str, str]],
+    filters: list[tuple[str, str]],
+    listing: MessagePage | None,
+    problems: list[str],
+) -> dict[str, Any]:
+    """What a filtered listing page (`path`, asked for with `items`) shows besides its own
+    parts: the listing, what is wrong with the URL, the paging links, the filter form's values
+    and the sources to filter by."""
+    return {
+        "listing": listing,
+        "problems": problems,
+        "paging": paging(path, filters, items, listing),
+        "form": dict(filters),
+        "sources": await source_names(state),
+    }
 
 
 def paging(
@@ -223,7 +238,7 @@ async def confirm_replay(message: str, state: StateDep, operator: OperatorDep) -
             f"message {detail.id} is {detail.status}; only a processed message is replayed "
             "(a failed one is retried)",
         )
-    return page("replay.html", title=f"Replay message {detail.id}", csrf=operator.csrf, m=detail)
+    return operator.page("replay.html", title=f"Replay message {detail.id}", m=detail)
 
 
 @dataclass(frozen=True)
@@ -264,17 +279,12 @@ async def dead_letters(request: Request, state: StateDep, operator: OperatorDep)
             problems = [exc.detail]
     filters = [(k, v) for k, v in items if k in keys]
     others = [(k, v) for k, v in filters if k != "error_type"]
-    return page(
+    return operator.page(
         "dead_letters.html",
         title="Dead letters",
-        csrf=operator.csrf,
         nav="dead-letters",
-        listing=listing,
-        problems=problems,
+        **await listing_context(state, "/console/dead-letters", items, filters, listing, problems),
         groups=[group_row(group, others) for group in groups],
-        paging=paging("/console/dead-letters", filters, items, listing),
-        form=dict(filters),
-        sources=await source_names(state),
         all_url=url("/console/dead-letters", others) if len(others) < len(filters) else None,
     )
 
@@ -297,10 +307,9 @@ async def confirm_bulk_retry(request: Request, state: StateDep, operator: Operat
     )
     asked: list[str] = [*retry.status] or [*store.BULK_DEFAULT_STATUSES]
     statuses = store.bulk_statuses(messages_api.to_filter(retry, list(retry.status)), force=False)
-    return page(
+    return operator.page(
         "bulk_retry.html",
         title="Retry matching messages",
-        csrf=operator.csrf,
         nav="messages",
         matched=counted.matched,
         statuses=statuses,
