@@ -22,6 +22,7 @@ from service.sources.config_file import parse_inbox_config
 from service.worker.runtime import run_worker
 from tests.cli_runner import logging_restored
 from tests.pg import create_database, drop_database, postgres_server, with_database
+from tests.processing_helpers import WORKER_SETTINGS, create_effects
 
 
 @pytest.fixture(scope="session")
@@ -110,6 +111,21 @@ def client_for(database_url: str, data_dir: Path) -> AppFactory:
                 return
             async with worker_beside(app):
                 yield client
+
+    return factory
+
+
+@pytest.fixture
+async def worker_for(client_for: AppFactory, db: asyncpg.Connection) -> AppFactory:
+    """`client_for` with `run_worker=True` and the quick polling and retries of
+    `WORKER_SETTINGS` (which `**settings` may override), on a database with the `effects`
+    table the recording handlers of tests/handlers.py write."""
+    await create_effects(db)
+
+    def factory(
+        config: dict[str, Any], **settings: Any
+    ) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+        return client_for(config, run_worker=True, **{**WORKER_SETTINGS, **settings})
 
     return factory
 

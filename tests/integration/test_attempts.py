@@ -22,7 +22,6 @@ from service.store.claims import (
 from service.worker.worker import Worker, WorkerOptions
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
-    WORKER_SETTINGS,
     attempts_of,
     config,
     create_effects,
@@ -39,13 +38,12 @@ PG_SLEEPING = (
 
 
 async def test_a_handler_stuck_in_a_statement_is_cancelled_on_the_server_and_counted(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     # One batch: the stuck message between healthy ones, which must not share its fate.
     await insert_messages(db, "a", "stuck", "b")
     cfg = config("tests.handlers:stuck_in_database", handler_timeout_seconds=1, max_attempts=2)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(
             db, "SELECT status FROM inbox_messages WHERE message_id = 'stuck'", "dead", 15
         )
@@ -62,12 +60,11 @@ async def test_a_handler_stuck_in_a_statement_is_cancelled_on_the_server_and_cou
 
 
 async def test_a_handler_blocking_the_loop_past_its_timeout_fails_and_is_named_in_the_log(
-    client_for: AppFactory, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+    worker_for: AppFactory, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await create_effects(db)
     cfg = config("tests.handlers:block_loop", handler_timeout_seconds=1, max_attempts=1)
     caplog.set_level(logging.WARNING, logger="service.worker.watchdog")
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
+    async with worker_for(cfg) as client:
         body = b'{"sleep": 1.6}'
         await client.post("/webhooks/hooks", content=body, headers=delivery("blocker"))
         await wait_until(db, "SELECT status FROM inbox_messages", "dead", 15)
@@ -88,9 +85,8 @@ async def test_a_handler_blocking_the_loop_past_its_timeout_fails_and_is_named_i
 
 
 async def test_an_attempt_whose_worker_vanished_is_counted_then_run_alone(
-    client_for: AppFactory, db: asyncpg.Connection, database_url: str
+    worker_for: AppFactory, db: asyncpg.Connection, database_url: str
 ) -> None:
-    await create_effects(db)
     await insert_messages(db, "m1", "m2", "m3")
     cfg = config("tests.handlers:record")
     settings = Settings(database_url=database_url)
@@ -103,7 +99,7 @@ async def test_an_attempt_whose_worker_vanished_is_counted_then_run_alone(
         assert await db.fetchval("SELECT sum(attempts) FROM inbox_messages") == 3
     finally:
         await engine.dispose()
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(db, "SELECT count(*) FROM effects", 3, 15)
     for name in ("m1", "m2", "m3"):
         attempts = await attempts_of(db, name)
@@ -185,9 +181,8 @@ async def test_expired_claims_of_a_source_removed_from_the_config_are_reaped(
 
 
 async def test_a_batch_that_vanished_after_counting_its_attempts_is_counted_then_run_alone(
-    client_for: AppFactory, db: asyncpg.Connection, database_url: str
+    worker_for: AppFactory, db: asyncpg.Connection, database_url: str
 ) -> None:
-    await create_effects(db)
     await insert_messages(db, "m1", "m2", "m3")
     engine = create_engine(database_url, Settings(database_url=database_url))
     try:
@@ -202,7 +197,7 @@ async def test_a_batch_that_vanished_after_counting_its_attempts_is_counted_then
         assert await db.fetchval("SELECT count(*) FROM inbox_claims WHERE attempt = 1") == 3
     finally:
         await engine.dispose()
-    async with client_for(config("tests.handlers:record"), run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(config("tests.handlers:record")):
         await wait_until(db, "SELECT count(*) FROM effects", 3, 15)
     for name in ("m1", "m2", "m3"):
         attempts = await attempts_of(db, name)
