@@ -37,6 +37,20 @@ PG_SLEEPING = (
 )
 
 
+async def assert_abandoned_then_run_alone(db: asyncpg.Connection, *message_ids: str) -> None:
+    """Each message's first attempt was counted and never finished (abandoned), and its second
+    ran in a transaction of its own: finishing cleared the flag, every effect is attempt 2's."""
+    for name in message_ids:
+        attempts = await attempts_of(db, name)
+        assert [a["outcome"] for a in attempts] == ["abandoned", "processed"]
+        assert attempts[0]["error_type"] == "AttemptNeverFinished"
+        assert "never finished" in attempts[0]["error"]
+        assert attempts[1]["attempt"] == 2
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 0
+    runs = await db.fetch("SELECT DISTINCT attempt FROM effects")
+    assert [r["attempt"] for r in runs] == [2]
+
+
 async def test_a_handler_stuck_in_a_statement_is_cancelled_on_the_server_and_counted(
     worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
@@ -101,16 +115,7 @@ async def test_an_attempt_whose_worker_vanished_is_counted_then_run_alone(
         await engine.dispose()
     async with worker_for(cfg):
         await wait_until(db, "SELECT count(*) FROM effects", 3, 15)
-    for name in ("m1", "m2", "m3"):
-        attempts = await attempts_of(db, name)
-        assert [a["outcome"] for a in attempts] == ["abandoned", "processed"]
-        assert attempts[0]["error_type"] == "AttemptNeverFinished"
-        assert "never finished" in attempts[0]["error"]
-        assert attempts[1]["attempt"] == 2
-    # Each ran in a transaction of its own, and finishing cleared the flag.
-    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 0
-    runs = await db.fetch("SELECT DISTINCT attempt FROM effects")
-    assert [r["attempt"] for r in runs] == [2]
+    await assert_abandoned_then_run_alone(db, "m1", "m2", "m3")
 
 
 async def test_a_late_attempt_whose_claim_was_reaped_is_fenced_off(
@@ -199,15 +204,8 @@ async def test_a_batch_that_vanished_after_counting_its_attempts_is_counted_then
         await engine.dispose()
     async with worker_for(config("tests.handlers:record")):
         await wait_until(db, "SELECT count(*) FROM effects", 3, 15)
-    for name in ("m1", "m2", "m3"):
-        attempts = await attempts_of(db, name)
-        assert [a["outcome"] for a in attempts] == ["abandoned", "processed"]
-        assert attempts[0]["error_type"] == "AttemptNeverFinished"
-        assert attempts[1]["attempt"] == 2
-    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 0
+    await assert_abandoned_then_run_alone(db, "m1", "m2", "m3")
     assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
-    runs = await db.fetch("SELECT DISTINCT attempt FROM effects")
-    assert [r["attempt"] for r in runs] == [2]
 
 
 async def test_a_live_claim_is_passed_over_and_a_late_rerun_is_fenced_off(
