@@ -126,6 +126,19 @@ class ServerProcess:
         self.log.close()
 
 
+def handler_source(handler: str, name: str = "s", id_header: str = "x-id", **extra: Any) -> str:
+    """A sources file's table of one generic source, `name`, reading its message ids from
+    `id_header` and running `tests.handlers:<handler>`; `extra` are further keys of it."""
+    lines = [
+        f"[sources.{name}]",
+        'kind = "generic"',
+        f'id_header = "{id_header}"',
+        f'handlers = ["tests.handlers:{handler}"]',
+    ]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
 def serve_env(workdir: Path, sources_toml: str, **env: str) -> dict[str, str]:
     """The environment of a `serve` in `workdir` reading `sources_toml` as its sources file,
     whose handlers may live in tests/, and whose worker polls often."""

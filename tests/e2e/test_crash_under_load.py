@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import ServerProcess, serve_env
+from tests.server import ServerProcess, handler_source, serve_env
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +31,9 @@ KILL_AFTER_ACKS = 200
 
 # `record_slowly` (10 ms a message) keeps the in-process worker's transactions open long
 # enough that the kill lands inside a processing batch as well as among in-flight deliveries.
-TOML = """
-[sources.s]
-kind = "generic"
-id_header = "x-id"
-handlers = ["tests.handlers:record_slowly"]
-max_attempts = 5
-backoff_base_seconds = 0.05
-backoff_max_seconds = 0.2
-"""
+TOML = handler_source(
+    "record_slowly", max_attempts=5, backoff_base_seconds=0.05, backoff_max_seconds=0.2
+)
 
 STORED = "SELECT count(*) FROM inbox_messages"
 UNPROCESSED = "SELECT count(*) FROM inbox_messages WHERE status <> 'processed'"

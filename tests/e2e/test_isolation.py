@@ -21,7 +21,7 @@ import pytest
 from service.core.db import EmbeddedPostgres, asyncpg_dsn
 from service.serve import child_title
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import JSON_LOGS, ServerProcess, serve_env
+from tests.server import JSON_LOGS, ServerProcess, handler_source, serve_env
 from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
@@ -30,16 +30,7 @@ PROCESSED = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
 
 
 def source_toml(handler: str, **extra: Any) -> str:
-    lines = [
-        "[sources.s]",
-        'kind = "generic"',
-        'id_header = "x-id"',
-        f'handlers = ["tests.handlers:{handler}"]',
-        "backoff_base_seconds = 0.05",
-        "backoff_max_seconds = 0.2",
-    ]
-    lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
+    return handler_source(handler, backoff_base_seconds=0.05, backoff_max_seconds=0.2, **extra)
 
 
 @contextmanager

@@ -14,23 +14,12 @@ import pytest
 from tests.integration.test_monitoring_files import series_used
 from tests.processing_helpers import create_effects, wait_until
 from tests.prometheus_text import samples
-from tests.server import JSON_LOGS, ServerProcess, serve_env
+from tests.server import JSON_LOGS, ServerProcess, handler_source, serve_env
 from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
 
-TOML = """
-[sources.ok]
-kind = "generic"
-id_header = "x-id"
-handlers = ["tests.handlers:record"]
-
-[sources.bad]
-kind = "generic"
-id_header = "x-id"
-handlers = ["tests.handlers:always_fail"]
-max_attempts = 1
-"""
+TOML = handler_source("record", "ok") + handler_source("always_fail", "bad", max_attempts=1)
 
 
 async def deliver(url: str, source: str, ids: list[str]) -> None:

@@ -19,17 +19,12 @@ import pytest
 
 from service.core.db import asyncpg_dsn
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import JSON_LOGS, ServerProcess, serve_env
+from tests.server import JSON_LOGS, ServerProcess, handler_source, serve_env
 from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
 
-TOML = """
-[sources.s]
-kind = "generic"
-id_header = "x-id"
-handlers = ["tests.handlers:record"]
-"""
+TOML = handler_source("record")
 
 UNPROCESSED = "SELECT count(*) FROM inbox_messages WHERE status <> 'processed'"
 
