@@ -29,12 +29,6 @@ from tests.senders.sns import (
     with_fetcher,
 )
 
-
-@pytest.fixture
-def fetcher() -> FakeFetcher:
-    return FakeFetcher()
-
-
 SnsClient = Callable[[], AbstractAsyncContextManager[httpx.AsyncClient]]
 
 
