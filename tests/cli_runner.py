@@ -9,6 +9,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,3 +64,16 @@ async def cli(monkeypatch: pytest.MonkeyPatch, database_url: str, *args: str) ->
     """The command against `database_url`, in a thread (it runs its own event loop)."""
     monkeypatch.setenv("DATABASE_URL", database_url)
     return await asyncio.to_thread(run_cli, *args)
+
+
+def refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, path: Path, sources_toml: str, *args: str
+) -> str:
+    """What `webhook-inbox ARGS` stops with on the sources file `sources_toml` (written to
+    `path`): one it must refuse before it reaches the database, which nothing serves here."""
+    path.write_text(sources_toml)
+    monkeypatch.setenv("INBOX_CONFIG", str(path))
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(SystemExit) as stopped:
+        main(list(args))
+    return str(stopped.value.code)

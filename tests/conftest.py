@@ -7,7 +7,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import httpx
@@ -22,6 +22,10 @@ from service.sources.config_file import parse_inbox_config
 from service.worker.runtime import run_worker
 from tests.cli_runner import logging_restored
 from tests.pg import create_database, drop_database, postgres_server, with_database
+from tests.processing_helpers import WORKER_SETTINGS, create_effects
+
+if TYPE_CHECKING:
+    from tests.senders.sns import FakeFetcher
 
 
 @pytest.fixture(scope="session")
@@ -112,6 +116,31 @@ def client_for(database_url: str, data_dir: Path) -> AppFactory:
                 yield client
 
     return factory
+
+
+@pytest.fixture
+async def worker_for(client_for: AppFactory, db: asyncpg.Connection) -> AppFactory:
+    """`client_for` with `run_worker=True` and the quick polling and retries of
+    `WORKER_SETTINGS` (which `**settings` may override), on a database with the `effects`
+    table the recording handlers of tests/handlers.py write."""
+    await create_effects(db)
+
+    def factory(
+        config: dict[str, Any], **settings: Any
+    ) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+        return client_for(config, run_worker=True, **{**WORKER_SETTINGS, **settings})
+
+    return factory
+
+
+@pytest.fixture
+def fetcher() -> FakeFetcher:
+    """The certificate fetcher of the sns tests, unit and integration: it serves the local
+    certificate and records each call."""
+    # Imported when asked for: tests.senders.sns makes an RSA key as it is imported.
+    from tests.senders.sns import FakeFetcher
+
+    return FakeFetcher()
 
 
 @pytest.fixture(autouse=True)

@@ -107,24 +107,34 @@ def _stripe(msg_id: str, event_type: str) -> Delivery:
     return Delivery("/webhooks/stripe", body, {"stripe-signature": header.encode()})
 
 
-def _github(msg_id: str, event_type: str) -> Delivery:
-    body = b"{}"
-    headers = {
-        "x-hub-signature-256": github_signature(KEY, body).encode(),
-        "x-github-delivery": msg_id.encode(),
-        "x-github-event": event_type.encode("latin-1"),
-    }
-    return Delivery("/webhooks/github", body, headers)
+def _signed_body_named_in_headers(
+    kind: str,
+    signature: Callable[[bytes, bytes], str],
+    signature_header: str,
+    id_header: str,
+    event_type_header: str,
+) -> Callable[[str, str], Delivery]:
+    """The builder of a kind that signs the body alone and names the message id and the event
+    type in headers of their own (github, shopify)."""
+
+    def build(msg_id: str, event_type: str) -> Delivery:
+        body = b"{}"
+        headers = {
+            signature_header: signature(KEY, body).encode(),
+            id_header: msg_id.encode(),
+            event_type_header: event_type.encode("latin-1"),
+        }
+        return Delivery(f"/webhooks/{kind}", body, headers)
+
+    return build
 
 
-def _shopify(msg_id: str, event_type: str) -> Delivery:
-    body = b"{}"
-    headers = {
-        "x-shopify-hmac-sha256": shopify_signature(KEY, body).encode(),
-        "x-shopify-webhook-id": msg_id.encode(),
-        "x-shopify-topic": event_type.encode("latin-1"),
-    }
-    return Delivery("/webhooks/shopify", body, headers)
+_github = _signed_body_named_in_headers(
+    "github", github_signature, "x-hub-signature-256", "x-github-delivery", "x-github-event"
+)
+_shopify = _signed_body_named_in_headers(
+    "shopify", shopify_signature, "x-shopify-hmac-sha256", "x-shopify-webhook-id", "x-shopify-topic"
+)
 
 
 def _slack(msg_id: str, event_type: str) -> Delivery:

@@ -7,8 +7,11 @@ import time
 from typing import Any
 
 import asyncpg
+import httpx
 
 from tests.handlers import EFFECTS_DDL
+
+STATUS_OF = "SELECT status FROM inbox_messages WHERE message_id = $1"
 
 # Fast retries and polling keep the suite quick.
 WORKER_SETTINGS: dict[str, Any] = {"worker_poll_seconds": 0.1, "worker_grace_seconds": 10}
@@ -44,6 +47,18 @@ async def create_effects(db: asyncpg.Connection) -> None:
     await db.execute(EFFECTS_DDL)
 
 
+async def deliver_until(
+    client: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    message_id: str,
+    status: str,
+    timeout: float = 20.0,
+) -> None:
+    """Delivers `message_id` to `hooks` (an empty body), then waits until its status is `status`."""
+    await client.post("/webhooks/hooks", content=b"{}", headers=delivery(message_id))
+    await wait_until(db, STATUS_OF, status, timeout, message_id)
+
+
 async def insert_messages(db: asyncpg.Connection, *message_ids: str) -> None:
     """Messages of source `hooks` recorded directly: before a worker starts, they are all due
     together, and land in one claimed batch if it has one claim loop (`worker_concurrency=1`;
@@ -69,9 +84,7 @@ async def wait_until(
 
 
 async def status_of(db: asyncpg.Connection, message_id: str) -> str | None:
-    status: str | None = await db.fetchval(
-        "SELECT status FROM inbox_messages WHERE message_id = $1", message_id
-    )
+    status: str | None = await db.fetchval(STATUS_OF, message_id)
     return status
 
 

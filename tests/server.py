@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -10,12 +11,18 @@ import sys
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+from tests.worker_process import ROOT
 
 # Every server a test has started and still holds: a failed test's report shows their logs
 # (tests/e2e/conftest.py), which the test's temporary directory would otherwise take away.
 STARTED: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
+
+# For the tests that read what `serve` logs: one JSON object a line, each delivery's among them.
+JSON_LOGS = {"INBOX_LOG_LEVEL": "INFO", "INBOX_LOG_FORMAT": "json"}
 
 
 def free_port() -> int:
@@ -84,6 +91,10 @@ class ServerProcess:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_events(self) -> list[dict[str, Any]]:
+        """The JSON lines of the output (`JSON_LOGS`), the start-up banner's plain lines aside."""
+        return [json.loads(line) for line in self.output().splitlines() if line.startswith("{")]
+
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -109,10 +120,34 @@ class ServerProcess:
         self.log.close()
 
 
+def handler_source(handler: str, name: str = "s", id_header: str = "x-id", **extra: Any) -> str:
+    """A sources file's table of one generic source, `name`, reading its message ids from
+    `id_header` and running `tests.handlers:<handler>`; `extra` are further keys of it."""
+    lines = [
+        f"[sources.{name}]",
+        'kind = "generic"',
+        f'id_header = "{id_header}"',
+        f'handlers = ["tests.handlers:{handler}"]',
+    ]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def serve_env(workdir: Path, sources_toml: str, **env: str) -> dict[str, str]:
+    """The environment of a `serve` in `workdir` reading `sources_toml` as its sources file,
+    whose handlers may live in tests/, and whose worker polls often."""
+    config = workdir / "inbox.toml"
+    config.write_text(sources_toml)
+    return {
+        "INBOX_CONFIG": str(config),
+        "INBOX_WORKER_POLL_SECONDS": "0.2",
+        "PYTHONPATH": str(ROOT),  # the handlers live in tests/
+        **env,
+    }
+
+
 def http_only(workdir: Path, database_url: str, sources_toml: str, **env: str) -> ServerProcess:
     """`serve --no-worker` on `database_url`: for tests of the HTTP side, whose sources have no
     handlers, so a processing process would only cost its start-up."""
-    config = workdir / "inbox.toml"
-    config.write_text(sources_toml)
-    environment = {"DATABASE_URL": database_url, "INBOX_CONFIG": str(config), **env}
+    environment = serve_env(workdir, sources_toml, DATABASE_URL=database_url, **env)
     return ServerProcess(environment, workdir, args=["serve", "--no-worker", "--port", "{port}"])

@@ -5,7 +5,7 @@ For the unit tests of the kinds: no app, no database, the same `authenticate` th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -59,3 +59,15 @@ def assert_refused(refusal: Rejected, status: int, detail_part: str) -> None:
     """A refusal answered with `status` (SPEC §4), whose detail names `detail_part`."""
     assert refusal.status == status, refusal.detail
     assert detail_part in refusal.detail, refusal.detail
+
+
+# A delivery a kind must refuse: what builds it (body and headers), the status it is answered
+# and a part of the detail naming its cause.
+Rejection = tuple[Callable[[], tuple[bytes | str, Mapping[str, str]]], int, str]
+
+
+async def assert_rejection(source: AnySource, rejection: Rejection) -> None:
+    """The delivery `rejection` builds is refused with its status and a detail naming its cause."""
+    build, status, detail_part = rejection
+    body, headers = build()
+    assert_refused(await refusal_of(source, body, headers), status, detail_part)

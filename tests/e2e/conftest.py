@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pg import create_database, drop_database, scratch_dir, with_database
+from tests.pg import create_database, drop_database, empty_tables, scratch_dir, with_database
 from tests.server import STARTED
 
 # The last lines of a server's log that a failed test's report shows.
@@ -63,3 +63,11 @@ async def module_database(pg_server: str, template_db: str) -> AsyncIterator[str
     name = await create_database(pg_server, template=template_db)
     yield with_database(pg_server, name)
     await drop_database(pg_server, name)
+
+
+async def emptied_module_database(module_database: str) -> str:
+    """The `database_url` of a module whose tests share one server (and so `module_database`),
+    emptied for each test; the module names it with
+    `database_url = pytest.fixture(emptied_module_database, name="database_url")`."""
+    await empty_tables(module_database)
+    return module_database

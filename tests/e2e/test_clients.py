@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from service.core.db import asyncpg_dsn
-from tests.pg import empty_tables
+from tests.e2e.conftest import emptied_module_database
 from tests.server import ServerProcess, http_only
 
 LIMIT = 1024 * 1024
@@ -32,11 +32,7 @@ def server(
         yield running
 
 
-@pytest.fixture
-async def database_url(module_database: str) -> str:
-    """The shared server's database, emptied for each test."""
-    await empty_tables(module_database)
-    return module_database
+database_url = pytest.fixture(emptied_module_database, name="database_url")
 
 
 def rss(server: ServerProcess) -> int:

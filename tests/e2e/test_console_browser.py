@@ -25,8 +25,8 @@ from tests.admin_seed import TOKEN, seed
 from tests.console_handlers import DOWN_FLAG_ENV
 from tests.pg import asyncpg_dsn, empty_tables
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import ServerProcess
-from tests.worker_process import ROOT, wait_listening
+from tests.server import ServerProcess, serve_env
+from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -106,17 +106,14 @@ def serving(
     console_database: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServerProcess, Path]]:
     workdir = tmp_path_factory.mktemp("console")
-    config = workdir / "inbox.toml"
-    config.write_text(SOURCES_TOML)
     down_flag = workdir / "billing-down"
-    env = {
-        "DATABASE_URL": console_database,
-        "INBOX_CONFIG": str(config),
-        "INBOX_ADMIN_TOKENS": TOKEN,
-        "INBOX_WORKER_POLL_SECONDS": "0.2",
-        "PYTHONPATH": str(ROOT),  # the handlers live in tests/
-        DOWN_FLAG_ENV: str(down_flag),
-    }
+    env = serve_env(
+        workdir,
+        SOURCES_TOML,
+        DATABASE_URL=console_database,
+        INBOX_ADMIN_TOKENS=TOKEN,
+        **{DOWN_FLAG_ENV: str(down_flag)},
+    )
     with ServerProcess(env, workdir, startup_timeout=60) as server:
         yield server, down_flag
 

@@ -21,8 +21,7 @@ import httpx
 import pytest
 
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import ServerProcess
-from tests.worker_process import ROOT
+from tests.server import ServerProcess, handler_source, serve_env
 
 pytestmark = pytest.mark.slow
 
@@ -32,33 +31,24 @@ KILL_AFTER_ACKS = 200
 
 # `record_slowly` (10 ms a message) keeps the in-process worker's transactions open long
 # enough that the kill lands inside a processing batch as well as among in-flight deliveries.
-TOML = """
-[sources.s]
-kind = "generic"
-id_header = "x-id"
-handlers = ["tests.handlers:record_slowly"]
-max_attempts = 5
-backoff_base_seconds = 0.05
-backoff_max_seconds = 0.2
-"""
+TOML = handler_source(
+    "record_slowly", max_attempts=5, backoff_base_seconds=0.05, backoff_max_seconds=0.2
+)
 
 STORED = "SELECT count(*) FROM inbox_messages"
 UNPROCESSED = "SELECT count(*) FROM inbox_messages WHERE status <> 'processed'"
 
 
 def server_env(database_url: str, tmp_path: Path) -> dict[str, str]:
-    config = tmp_path / "inbox.toml"
-    config.write_text(TOML)
-    return {
-        "DATABASE_URL": database_url,
-        "INBOX_CONFIG": str(config),
-        "INBOX_WORKER_POLL_SECONDS": "0.2",
-        "INBOX_WORKER_BATCH_SIZE": "50",
+    return serve_env(
+        tmp_path,
+        TOML,
+        DATABASE_URL=database_url,
+        INBOX_WORKER_BATCH_SIZE="50",
         # The killed server's claims expire 3 s after they were taken (30 s by default), so the
         # restart's time below is recovery and processing, not mostly waiting out the lease.
-        "INBOX_WORKER_LEASE_MARGIN_SECONDS": "3",
-        "PYTHONPATH": str(ROOT),  # the handlers live in tests/
-    }
+        INBOX_WORKER_LEASE_MARGIN_SECONDS="3",
+    )
 
 
 async def deliver_all(

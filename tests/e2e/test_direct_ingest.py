@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import AppFactory
+from tests.e2e.conftest import emptied_module_database
 from tests.pg import empty_tables
 from tests.server import ServerProcess, http_only
 
@@ -30,11 +31,7 @@ def server(
         yield running
 
 
-@pytest.fixture
-async def database_url(module_database: str) -> str:
-    """The shared server's database, emptied for each test."""
-    await empty_tables(module_database)
-    return module_database
+database_url = pytest.fixture(emptied_module_database, name="database_url")
 
 
 def request(

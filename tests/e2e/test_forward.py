@@ -11,13 +11,13 @@ import pytest
 
 from tests.conftest import AppFactory
 from tests.http_server import HANG, scripted_server
-from tests.processing_helpers import WORKER_SETTINGS, attempts_of, source, wait_until
+from tests.processing_helpers import attempts_of, source, wait_until
 from tests.worker_process import start_worker, wait_listening
 
 
 @pytest.mark.slow
 async def test_a_lease_abandoned_by_a_killed_worker_is_retried(
-    database_url: str, db: asyncpg.Connection, tmp_path: Path, client_for: AppFactory
+    database_url: str, db: asyncpg.Connection, tmp_path: Path, worker_for: AppFactory
 ) -> None:
     async with scripted_server((HANG, {}), (200, {})) as server:
         toml = f"""
@@ -54,9 +54,7 @@ timeout_seconds = 1
         assert (row["status"], row["attempts"]) == ("processing", 1)
         # A new worker takes the message over once the lease expires.
         cfg = {"sources": {"hooks": source(forward={"url": server.url, "timeout_seconds": 1})}}
-        async with client_for(
-            cfg, run_worker=True, worker_lease_margin_seconds=0.5, **WORKER_SETTINGS
-        ):
+        async with worker_for(cfg, worker_lease_margin_seconds=0.5):
             await wait_until(db, "SELECT status FROM inbox_messages", "processed", 15)
     first, second = server.requests
     assert first.headers["idempotency-key"] == second.headers["idempotency-key"] == "hooks:lease-1"

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.pg import empty_tables
+from tests.e2e.conftest import emptied_module_database
 from tests.server import ServerProcess, http_only
 
 pytestmark = pytest.mark.slow
@@ -69,11 +69,7 @@ def server(
         yield running
 
 
-@pytest.fixture
-async def database_url(module_database: str) -> str:
-    """The shared server's database, emptied for each test."""
-    await empty_tables(module_database)
-    return module_database
+database_url = pytest.fixture(emptied_module_database, name="database_url")
 
 
 async def exchange(port: int, request: bytes) -> tuple[int, bytes, bytes]:

@@ -21,8 +21,8 @@ import pytest
 from service.core.db import EmbeddedPostgres, asyncpg_dsn
 from service.serve import child_title
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import ServerProcess
-from tests.worker_process import ROOT, wait_listening
+from tests.server import JSON_LOGS, ServerProcess, handler_source, serve_env
+from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -30,44 +30,18 @@ PROCESSED = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
 
 
 def source_toml(handler: str, **extra: Any) -> str:
-    lines = [
-        "[sources.s]",
-        'kind = "generic"',
-        'id_header = "x-id"',
-        f'handlers = ["tests.handlers:{handler}"]',
-        "backoff_base_seconds = 0.05",
-        "backoff_max_seconds = 0.2",
-    ]
-    lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
+    return handler_source(handler, backoff_base_seconds=0.05, backoff_max_seconds=0.2, **extra)
 
 
 @contextmanager
 def serving(tmp_path: Path, toml: str, *args: str, **env: str) -> Iterator[ServerProcess]:
-    config = tmp_path / "inbox.toml"
-    config.write_text(toml)
-    environment = {
-        "INBOX_CONFIG": str(config),
-        "INBOX_LOG_LEVEL": "INFO",
-        "INBOX_LOG_FORMAT": "json",
-        "INBOX_WORKER_POLL_SECONDS": "0.2",
-        # A crashed attempt's claim expires (and is counted) a second after it was taken.
-        "INBOX_WORKER_LEASE_MARGIN_SECONDS": "1",
-        "PYTHONPATH": str(ROOT),  # the handlers live in tests/
-        **env,
-    }
+    # A crashed attempt's claim expires (and is counted) a second after it was taken.
+    lease = {"INBOX_WORKER_LEASE_MARGIN_SECONDS": "1"}
+    environment = serve_env(tmp_path, toml, **JSON_LOGS, **lease, **env)
     with ServerProcess(
         environment, tmp_path, args=["serve", "--port", "{port}", *args], startup_timeout=60
     ) as server:
         yield server
-
-
-def log_events(server: ServerProcess) -> list[dict[str, Any]]:
-    events = []
-    for line in server.output().splitlines():
-        if line.startswith("{"):
-            events.append(json.loads(line))
-    return events
 
 
 def children_titled(server: ServerProcess, title: str) -> list[psutil.Process]:
@@ -124,7 +98,7 @@ async def test_a_handler_that_kills_its_process_goes_dead_and_spares_the_rest(
         status = "SELECT status FROM inbox_messages WHERE message_id = 'poison'"
         await wait_until(db, status, "dead", 90)
         await wait_until(db, PROCESSED, 199, 60)
-        events = log_events(server)
+        events = server.log_events()
     attempts = await db.fetch(
         "SELECT a.attempt, a.outcome, a.error_type, a.error FROM inbox_attempts a "
         "JOIN inbox_messages m ON m.id = a.message_id WHERE m.message_id = 'poison' "
@@ -174,7 +148,7 @@ async def test_a_processing_process_killed_mid_batch_loses_and_repeats_nothing(
         child.send_signal(signal.SIGKILL)
         gate.touch()
         await wait_until(db, PROCESSED, 300, 60)
-        events = log_events(server)
+        events = server.log_events()
     effects = await db.fetch("SELECT message_id, count(*) AS n FROM effects GROUP BY message_id")
     assert {r["message_id"]: r["n"] for r in effects} == dict.fromkeys(ids, 1)
     # The killed batch's attempts were counted: abandoned, then processed on the second.
@@ -211,7 +185,7 @@ async def test_a_handler_blocking_its_event_loop_does_not_slow_ingest(
         while time.monotonic() < deadline:
             blocked = [
                 e
-                for e in log_events(server)
+                for e in server.log_events()
                 if e["event"].startswith("event loop blocked") and e["handler"] is not None
             ]
             if blocked:
@@ -251,7 +225,7 @@ async def test_sigterm_drains_both_roles_and_stops_the_embedded_database(
     settings = {"INBOX_WORKER_BATCH_SIZE": "20"}
     with serving(embedded_home, source_toml("record_slowly"), **settings) as server:
         (started,) = [
-            e for e in log_events(server) if e["event"] == "database" and e["role"] == "supervisor"
+            e for e in server.log_events() if e["event"] == "database" and e["role"] == "supervisor"
         ]
         db = await asyncpg.connect(asyncpg_dsn(started["url"]))
         try:

@@ -5,7 +5,6 @@ gauges read from the database; the monitoring files' series are all there."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import asyncpg
@@ -15,23 +14,12 @@ import pytest
 from tests.integration.test_monitoring_files import series_used
 from tests.processing_helpers import create_effects, wait_until
 from tests.prometheus_text import samples
-from tests.server import ServerProcess
-from tests.worker_process import ROOT, wait_listening
+from tests.server import JSON_LOGS, ServerProcess, handler_source, serve_env
+from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
 
-TOML = """
-[sources.ok]
-kind = "generic"
-id_header = "x-id"
-handlers = ["tests.handlers:record"]
-
-[sources.bad]
-kind = "generic"
-id_header = "x-id"
-handlers = ["tests.handlers:always_fail"]
-max_attempts = 1
-"""
+TOML = handler_source("record", "ok") + handler_source("always_fail", "bad", max_attempts=1)
 
 
 async def deliver(url: str, source: str, ids: list[str]) -> None:
@@ -56,25 +44,14 @@ def total(
 
 
 def delivery_pids(server: ServerProcess) -> set[int]:
-    lines = server.output().splitlines()
-    events = [json.loads(line) for line in lines if line.startswith("{")]
-    return {e["pid"] for e in events if e.get("event") == "delivery"}
+    return {e["pid"] for e in server.log_events() if e.get("event") == "delivery"}
 
 
 async def test_metrics_sum_two_http_processes_and_the_processing_one(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
     await create_effects(db)
-    config = tmp_path / "inbox.toml"
-    config.write_text(TOML)
-    env = {
-        "DATABASE_URL": database_url,
-        "INBOX_CONFIG": str(config),
-        "INBOX_LOG_LEVEL": "INFO",
-        "INBOX_LOG_FORMAT": "json",
-        "INBOX_WORKER_POLL_SECONDS": "0.2",
-        "PYTHONPATH": str(ROOT),
-    }
+    env = serve_env(tmp_path, TOML, DATABASE_URL=database_url, **JSON_LOGS)
     args = ["serve", "--workers", "2", "--worker-processes", "1", "--port", "{port}"]
     # Three children import the service at once: at a load average of 10 the processing one
     # logged its first line 36 s after it started, and the HTTP ones had not answered at 60 s.

@@ -25,8 +25,7 @@ import pytest
 
 from service.sources.github import github_signature
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import ServerProcess
-from tests.worker_process import ROOT
+from tests.server import ServerProcess, serve_env
 
 pytestmark = pytest.mark.slow
 
@@ -88,20 +87,18 @@ async def test_no_secret_reaches_logs_or_stored_headers(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
     await create_effects(db)
-    config = tmp_path / "inbox.toml"
-    config.write_text(TOML)
-    env = {
-        "DATABASE_URL": database_url,
-        "INBOX_CONFIG": str(config),
-        "INBOX_LOG_LEVEL": "DEBUG",
-        "INBOX_LOG_FORMAT": "json",
-        "INBOX_ADMIN_TOKENS": ADMIN_TOKEN,
-        "INBOX_WORKER_POLL_SECONDS": "0.1",
-        "LEAK_SOURCE_SECRET": SOURCE_SECRET,
-        "LEAK_GITHUB_SECRET": GITHUB_SECRET,
-        "LEAK_SOURCE_TOKEN": SOURCE_TOKEN,
-        "PYTHONPATH": str(ROOT),
-    }
+    env = serve_env(
+        tmp_path,
+        TOML,
+        DATABASE_URL=database_url,
+        INBOX_LOG_LEVEL="DEBUG",
+        INBOX_LOG_FORMAT="json",
+        INBOX_ADMIN_TOKENS=ADMIN_TOKEN,
+        INBOX_WORKER_POLL_SECONDS="0.1",
+        LEAK_SOURCE_SECRET=SOURCE_SECRET,
+        LEAK_GITHUB_SECRET=GITHUB_SECRET,
+        LEAK_SOURCE_TOKEN=SOURCE_TOKEN,
+    )
     body = b'{"amount": 100}'
     good_sig = f"sha256={hmac_hex(SOURCE_SECRET, body)}"
     bad_sig = f"sha256={hmac_hex('not-the-secret', body)}"

@@ -9,10 +9,8 @@ claiming done in process memory, an id would get two `accepted` answers or two e
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import httpx
@@ -21,39 +19,20 @@ import pytest
 
 from service.core.db import asyncpg_dsn
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import ServerProcess
-from tests.worker_process import ROOT, wait_listening
+from tests.server import JSON_LOGS, ServerProcess, handler_source, serve_env
+from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
 
-TOML = """
-[sources.s]
-kind = "generic"
-id_header = "x-id"
-handlers = ["tests.handlers:record"]
-"""
+TOML = handler_source("record")
 
 UNPROCESSED = "SELECT count(*) FROM inbox_messages WHERE status <> 'processed'"
 
 
 def two_processes(tmp_path: Path, **env: str) -> ServerProcess:
-    config = tmp_path / "inbox.toml"
-    config.write_text(TOML)
-    environment = {
-        "INBOX_CONFIG": str(config),
-        "INBOX_LOG_LEVEL": "INFO",
-        "INBOX_LOG_FORMAT": "json",
-        "INBOX_WORKER_POLL_SECONDS": "0.2",
-        "PYTHONPATH": str(ROOT),  # the handlers live in tests/
-        **env,
-    }
+    environment = serve_env(tmp_path, TOML, **JSON_LOGS, **env)
     args = ["serve", "--workers", "2", "--worker-processes", "2", "--port", "{port}"]
     return ServerProcess(environment, tmp_path, args=args, startup_timeout=60)
-
-
-def log_events(server: ServerProcess) -> list[dict[str, Any]]:
-    lines = server.output().splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 async def deliver_each_twice(url: str, ids: list[str]) -> dict[str, list[str]]:
@@ -88,7 +67,7 @@ async def assert_effects_once(db: asyncpg.Connection, ids: list[str]) -> None:
 
 
 def serving_pids(server: ServerProcess) -> set[int]:
-    return {e["pid"] for e in log_events(server) if e.get("event") == "delivery"}
+    return {e["pid"] for e in server.log_events() if e.get("event") == "delivery"}
 
 
 def child_pids(server: ServerProcess) -> set[int]:
@@ -131,7 +110,7 @@ async def test_two_server_processes_share_the_embedded_database(embedded_home: P
     # its URL to the processes it starts.
     ids = [f"embedded-{i}" for i in range(60)]
     with two_processes(embedded_home) as server:
-        events = log_events(server)
+        events = server.log_events()
         (started,) = [
             e for e in events if e.get("event") == "database" and e["role"] == "supervisor"
         ]

@@ -15,8 +15,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.http_server import ScriptedServer, scripted_server
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import ServerProcess
-from tests.worker_process import ROOT, wait_listening
+from tests.server import ServerProcess, serve_env
+from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -46,18 +46,15 @@ async def test_serve_exports_delivery_and_attempt_spans_over_otlp(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
     await create_effects(db)
-    config = tmp_path / "inbox.toml"
-    config.write_text(TOML)
     async with scripted_server() as collector:
-        env = {
-            "DATABASE_URL": database_url,
-            "INBOX_CONFIG": str(config),
-            "INBOX_WORKER_POLL_SECONDS": "0.2",
-            "PYTHONPATH": str(ROOT),
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.port}",
-            "OTEL_SERVICE_NAME": "inbox-under-test",
-            "OTEL_BSP_SCHEDULE_DELAY": "100",
-        }
+        env = serve_env(
+            tmp_path,
+            TOML,
+            DATABASE_URL=database_url,
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}",
+            OTEL_SERVICE_NAME="inbox-under-test",
+            OTEL_BSP_SCHEDULE_DELAY="100",
+        )
         with ServerProcess(env, tmp_path, startup_timeout=60) as server:
             await wait_listening(db, 1)
             event = {"specversion": "1.0", "id": "x1", "source": "/s", "type": "t"}

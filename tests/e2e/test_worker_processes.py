@@ -13,16 +13,12 @@ import pytest
 
 from service.core.collector import YOUNG_COLLECTION_THRESHOLD
 from tests.processing_helpers import create_effects, wait_until
+from tests.server import handler_source
 from tests.worker_process import start_worker, stop, wait_listening
 
 pytestmark = pytest.mark.slow
 
-TOML = """
-[sources.hooks]
-kind = "generic"
-id_header = "X-Message-Id"
-handlers = ["tests.handlers:record_slowly"]
-"""
+TOML = handler_source("record_slowly", "hooks", "X-Message-Id")
 
 INSERT_MESSAGES = """
 INSERT INTO inbox_messages (source, message_id, event_type, body, content_type)
@@ -70,7 +66,7 @@ async def test_a_worker_process_runs_its_handlers_with_the_collector_settled(
     """`webhook-inbox worker` (and so serve's processing child) freezes what start-up built and
     raises the young threshold before its first batch (service/core/collector.py)."""
     await create_effects(db)
-    toml = TOML.replace("record_slowly", "record_collector")
+    toml = handler_source("record_collector", "hooks", "X-Message-Id")
     worker = start_worker(database_url, toml, tmp_path, "collector")
     try:
         await wait_listening(db, 1)

@@ -8,9 +8,8 @@ import pytest
 from tests import handlers
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
-    WORKER_SETTINGS,
     config,
-    create_effects,
+    deliver_until,
     delivery,
     status_of,
     wait_until,
@@ -26,16 +25,12 @@ def _handlers_succeed() -> None:
 
 
 async def test_a_dead_letter_retried_after_its_cause_is_fixed_ends_processed(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     handlers.state["sync_fail"] = True  # the "bug": every attempt fails
     app_config = config("tests.handlers:sync_switch", max_attempts=2)
-    async with client_for(
-        app_config, run_worker=True, admin_tokens=[TOKEN], **WORKER_SETTINGS
-    ) as client:
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-dead"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+    async with worker_for(app_config, admin_tokens=[TOKEN]) as client:
+        await deliver_until(client, db, "m-dead", "dead")
         dead = (await client.get("/admin/dead-letters", headers=AUTH)).json()["items"]
         assert [m["message_id"] for m in dead] == ["m-dead"]
 
@@ -55,16 +50,12 @@ async def test_a_dead_letter_retried_after_its_cause_is_fixed_ends_processed(
 
 
 async def test_attempt_numbers_go_on_across_admin_retries_while_the_budget_resets(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     handlers.state["sync_fail"] = True
     app_config = config("tests.handlers:sync_switch", max_attempts=2)
-    async with client_for(
-        app_config, run_worker=True, admin_tokens=[TOKEN], **WORKER_SETTINGS
-    ) as client:
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+    async with worker_for(app_config, admin_tokens=[TOKEN]) as client:
+        await deliver_until(client, db, "m", "dead")
         row_id = await db.fetchval("SELECT id FROM inbox_messages")
         # A second budget of two attempts, still failing: dead again after attempt 4, not 2.
         assert (await client.post(f"/admin/messages/{row_id}/retry", headers=AUTH)).is_success
@@ -90,12 +81,9 @@ async def test_attempt_numbers_go_on_across_admin_retries_while_the_budget_reset
 
 
 async def test_a_forced_replay_runs_the_handler_again_and_unforced_is_409(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
-    async with client_for(
-        config("tests.handlers:record"), run_worker=True, admin_tokens=[TOKEN], **WORKER_SETTINGS
-    ) as client:
+    async with worker_for(config("tests.handlers:record"), admin_tokens=[TOKEN]) as client:
         accepted = await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-r"))
         row_id = accepted.json()["id"]
         await wait_until(db, "SELECT count(*) FROM effects", 1)

@@ -22,7 +22,6 @@ from service.store.claims import (
 from service.worker.worker import Worker, WorkerOptions
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
-    WORKER_SETTINGS,
     attempts_of,
     config,
     create_effects,
@@ -38,14 +37,27 @@ PG_SLEEPING = (
 )
 
 
+async def assert_abandoned_then_run_alone(db: asyncpg.Connection, *message_ids: str) -> None:
+    """Each message's first attempt was counted and never finished (abandoned), and its second
+    ran in a transaction of its own: finishing cleared the flag, every effect is attempt 2's."""
+    for name in message_ids:
+        attempts = await attempts_of(db, name)
+        assert [a["outcome"] for a in attempts] == ["abandoned", "processed"]
+        assert attempts[0]["error_type"] == "AttemptNeverFinished"
+        assert "never finished" in attempts[0]["error"]
+        assert attempts[1]["attempt"] == 2
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 0
+    runs = await db.fetch("SELECT DISTINCT attempt FROM effects")
+    assert [r["attempt"] for r in runs] == [2]
+
+
 async def test_a_handler_stuck_in_a_statement_is_cancelled_on_the_server_and_counted(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     # One batch: the stuck message between healthy ones, which must not share its fate.
     await insert_messages(db, "a", "stuck", "b")
     cfg = config("tests.handlers:stuck_in_database", handler_timeout_seconds=1, max_attempts=2)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(
             db, "SELECT status FROM inbox_messages WHERE message_id = 'stuck'", "dead", 15
         )
@@ -62,12 +74,11 @@ async def test_a_handler_stuck_in_a_statement_is_cancelled_on_the_server_and_cou
 
 
 async def test_a_handler_blocking_the_loop_past_its_timeout_fails_and_is_named_in_the_log(
-    client_for: AppFactory, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+    worker_for: AppFactory, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await create_effects(db)
     cfg = config("tests.handlers:block_loop", handler_timeout_seconds=1, max_attempts=1)
     caplog.set_level(logging.WARNING, logger="service.worker.watchdog")
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
+    async with worker_for(cfg) as client:
         body = b'{"sleep": 1.6}'
         await client.post("/webhooks/hooks", content=body, headers=delivery("blocker"))
         await wait_until(db, "SELECT status FROM inbox_messages", "dead", 15)
@@ -88,9 +99,8 @@ async def test_a_handler_blocking_the_loop_past_its_timeout_fails_and_is_named_i
 
 
 async def test_an_attempt_whose_worker_vanished_is_counted_then_run_alone(
-    client_for: AppFactory, db: asyncpg.Connection, database_url: str
+    worker_for: AppFactory, db: asyncpg.Connection, database_url: str
 ) -> None:
-    await create_effects(db)
     await insert_messages(db, "m1", "m2", "m3")
     cfg = config("tests.handlers:record")
     settings = Settings(database_url=database_url)
@@ -103,18 +113,9 @@ async def test_an_attempt_whose_worker_vanished_is_counted_then_run_alone(
         assert await db.fetchval("SELECT sum(attempts) FROM inbox_messages") == 3
     finally:
         await engine.dispose()
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(db, "SELECT count(*) FROM effects", 3, 15)
-    for name in ("m1", "m2", "m3"):
-        attempts = await attempts_of(db, name)
-        assert [a["outcome"] for a in attempts] == ["abandoned", "processed"]
-        assert attempts[0]["error_type"] == "AttemptNeverFinished"
-        assert "never finished" in attempts[0]["error"]
-        assert attempts[1]["attempt"] == 2
-    # Each ran in a transaction of its own, and finishing cleared the flag.
-    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 0
-    runs = await db.fetch("SELECT DISTINCT attempt FROM effects")
-    assert [r["attempt"] for r in runs] == [2]
+    await assert_abandoned_then_run_alone(db, "m1", "m2", "m3")
 
 
 async def test_a_late_attempt_whose_claim_was_reaped_is_fenced_off(
@@ -185,9 +186,8 @@ async def test_expired_claims_of_a_source_removed_from_the_config_are_reaped(
 
 
 async def test_a_batch_that_vanished_after_counting_its_attempts_is_counted_then_run_alone(
-    client_for: AppFactory, db: asyncpg.Connection, database_url: str
+    worker_for: AppFactory, db: asyncpg.Connection, database_url: str
 ) -> None:
-    await create_effects(db)
     await insert_messages(db, "m1", "m2", "m3")
     engine = create_engine(database_url, Settings(database_url=database_url))
     try:
@@ -202,17 +202,10 @@ async def test_a_batch_that_vanished_after_counting_its_attempts_is_counted_then
         assert await db.fetchval("SELECT count(*) FROM inbox_claims WHERE attempt = 1") == 3
     finally:
         await engine.dispose()
-    async with client_for(config("tests.handlers:record"), run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(config("tests.handlers:record")):
         await wait_until(db, "SELECT count(*) FROM effects", 3, 15)
-    for name in ("m1", "m2", "m3"):
-        attempts = await attempts_of(db, name)
-        assert [a["outcome"] for a in attempts] == ["abandoned", "processed"]
-        assert attempts[0]["error_type"] == "AttemptNeverFinished"
-        assert attempts[1]["attempt"] == 2
-    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE run_alone") == 0
+    await assert_abandoned_then_run_alone(db, "m1", "m2", "m3")
     assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
-    runs = await db.fetch("SELECT DISTINCT attempt FROM effects")
-    assert [r["attempt"] for r in runs] == [2]
 
 
 async def test_a_live_claim_is_passed_over_and_a_late_rerun_is_fenced_off(

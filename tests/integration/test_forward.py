@@ -8,7 +8,7 @@ import asyncpg
 
 from tests.conftest import AppFactory
 from tests.http_server import scripted_server
-from tests.processing_helpers import WORKER_SETTINGS, attempts_of, delivery, source, wait_until
+from tests.processing_helpers import attempts_of, deliver_until, delivery, source, wait_until
 
 
 def forwarding(url: str, **extra: object) -> dict[str, object]:
@@ -16,12 +16,12 @@ def forwarding(url: str, **extra: object) -> dict[str, object]:
 
 
 async def test_a_503_with_retry_after_is_retried_then_200_processes_it(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     body = json.dumps({"id": "f1", "amount": 5}).encode()
     async with (
         scripted_server((503, {"Retry-After": "1"}), (200, {})) as server,
-        client_for(forwarding(server.url), run_worker=True, **WORKER_SETTINGS) as client,
+        worker_for(forwarding(server.url)) as client,
     ):
         accepted = await client.post("/webhooks/hooks", content=body, headers=delivery("f1"))
         await wait_until(db, "SELECT status FROM inbox_messages", "processed", 10)
@@ -42,13 +42,12 @@ async def test_a_503_with_retry_after_is_retried_then_200_processes_it(
     assert row["locked_until"] is None
 
 
-async def test_a_400_is_dead_at_once(client_for: AppFactory, db: asyncpg.Connection) -> None:
+async def test_a_400_is_dead_at_once(worker_for: AppFactory, db: asyncpg.Connection) -> None:
     async with (
         scripted_server((400, {})) as server,
-        client_for(forwarding(server.url), run_worker=True, **WORKER_SETTINGS) as client,
+        worker_for(forwarding(server.url)) as client,
     ):
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("f2"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "dead", 10)
+        await deliver_until(client, db, "f2", "dead", 10)
     assert len(server.requests) == 1
     (attempt,) = await attempts_of(db, "f2")
     assert attempt["outcome"] == "dead"
@@ -56,13 +55,12 @@ async def test_a_400_is_dead_at_once(client_for: AppFactory, db: asyncpg.Connect
 
 
 async def test_connection_errors_and_timeouts_are_retried(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     # Port 1 refuses connections; two attempts later the message is dead, never lost.
     cfg = forwarding("http://127.0.0.1:1/events", max_attempts=2)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("f3"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "dead", 10)
+    async with worker_for(cfg) as client:
+        await deliver_until(client, db, "f3", "dead", 10)
     attempts = await attempts_of(db, "f3")
     assert [a["outcome"] for a in attempts] == ["failed", "dead"]
     assert attempts[0]["error_type"] == "ForwardConnectionError"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,19 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+
+
+def fuzzed_for_each(
+    kinds: list[str], **strategies: st.SearchStrategy[Any]
+) -> Callable[[Callable[..., Any]], Any]:
+    """A property test run for each of `kinds` (its `kind` argument), on FUZZ's examples of
+    `strategies` each."""
+
+    def decorate(test: Callable[..., Any]) -> Any:
+        return pytest.mark.parametrize("kind", kinds)(FUZZ(given(**strategies)(test)))
+
+    return decorate
+
 
 # Any text for body-borne event types: controls, unpaired surrogates, anything at all, and
 # lengths on both sides of the limit. Header-borne ones travel as Latin-1 bytes.
@@ -103,9 +116,7 @@ def as_received(kind: str, event_type: str) -> str | None:
     return str(json.loads(json.dumps(event_type)))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@FUZZ
-@given(data=st.data())
+@fuzzed_for_each(KINDS, data=st.data())
 async def test_any_event_type_is_stored_as_sent_or_refused_naming_it(
     client: httpx.AsyncClient, db: asyncpg.Connection, kind: str, data: st.DataObject
 ) -> None:
@@ -175,9 +186,7 @@ async def own_header_count(client: httpx.AsyncClient, db: asyncpg.Connection, ki
     return len(json.loads(row["headers"]))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@FUZZ
-@given(data=st.data())
+@fuzzed_for_each(KINDS, data=st.data())
 async def test_any_headers_are_stored_or_refused_naming_them(
     client: httpx.AsyncClient, db: asyncpg.Connection, kind: str, data: st.DataObject
 ) -> None:
@@ -206,9 +215,9 @@ async def test_any_headers_are_stored_or_refused_naming_them(
         assert row is None
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@FUZZ
-@given(content_type=st.text(alphabet=st.characters(max_codepoint=255), max_size=300))
+@fuzzed_for_each(
+    KINDS, content_type=st.text(alphabet=st.characters(max_codepoint=255), max_size=300)
+)
 async def test_any_content_type_is_never_a_5xx_and_is_stored_as_sent(
     client: httpx.AsyncClient, db: asyncpg.Connection, kind: str, content_type: str
 ) -> None:
@@ -241,9 +250,7 @@ json_values = st.recursive(
 )
 
 
-@pytest.mark.parametrize("kind", ["eventgrid", "cloudevents-batch"])
-@FUZZ
-@given(data=json_values)
+@fuzzed_for_each(["eventgrid", "cloudevents-batch"], data=json_values)
 async def test_any_event_data_in_a_batch_is_stored_as_json_equal_to_it(
     client: httpx.AsyncClient, db: asyncpg.Connection, kind: str, data: Any
 ) -> None:

@@ -11,7 +11,7 @@ import asyncpg
 import yaml
 
 from tests.conftest import AppFactory
-from tests.processing_helpers import WORKER_SETTINGS, create_effects, delivery, source, wait_until
+from tests.processing_helpers import deliver_until, source
 from tests.prometheus_text import samples
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
@@ -48,13 +48,11 @@ def test_the_files_use_series_at_all() -> None:
 
 
 async def test_every_series_they_use_is_exported(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     config = {"sources": {"hooks": source("tests.handlers:always_fail", max_attempts=1)}}
-    async with client_for(config, run_worker=True, **WORKER_SETTINGS) as client:
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m1"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "dead", 10)
+    async with worker_for(config) as client:
+        await deliver_until(client, db, "m1", "dead", 10)
         exported = {name for name, _ in samples((await client.get("/metrics")).text)}
     missing = sorted(series_used() - exported)
     assert missing == [], f"not on /metrics: {missing}"

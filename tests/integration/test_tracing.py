@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from service.core import tracing
 from tests.conftest import AppFactory
 from tests.http_server import scripted_server
-from tests.processing_helpers import WORKER_SETTINGS, create_effects, delivery, source, wait_until
+from tests.processing_helpers import create_effects, delivery, source, wait_until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SENDER_SPAN = "00f067aa0ba902b7"
@@ -74,11 +74,10 @@ STRUCTURED = {"content-type": "application/cloudevents+json"}
 
 
 async def test_a_cloudevent_traceparent_is_continued_into_the_handlers_insert(
-    client_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
+    worker_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
 ) -> None:
-    await create_effects(db)
     body = structured_event("e1", traceparent=TRACEPARENT, tracestate="vendor=1")
-    async with client_for(cloudevents(), run_worker=True, **WORKER_SETTINGS) as client:
+    async with worker_for(cloudevents()) as client:
         answer = await client.post("/webhooks/events", content=body, headers=STRUCTURED)
         assert answer.json()["status"] == "accepted"
         await wait_until(db, "SELECT status FROM inbox_messages", "processed", 10)
@@ -121,7 +120,7 @@ async def test_a_cloudevent_traceparent_is_continued_into_the_handlers_insert(
 
 
 async def test_binary_mode_header_and_a_failing_attempt(
-    client_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
+    worker_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
 ) -> None:
     headers = {
         "content-type": "application/json",
@@ -132,7 +131,7 @@ async def test_binary_mode_header_and_a_failing_attempt(
         "ce-traceparent": TRACEPARENT,
     }
     config = cloudevents(handlers=["tests.handlers:always_fail"], max_attempts=1)
-    async with client_for(config, run_worker=True, **WORKER_SETTINGS) as client:
+    async with worker_for(config) as client:
         await client.post("/webhooks/events", content=b"{}", headers=headers)
         await wait_until(db, "SELECT status FROM inbox_messages", "dead", 10)
     (delivered,) = named(spans, "deliver events")
@@ -198,11 +197,11 @@ async def test_pubsub_attributes_carry_the_trace(
 
 
 async def test_a_forward_carries_the_attempts_traceparent(
-    client_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
+    worker_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
 ) -> None:
     async with scripted_server((200, {})) as server:
         config = {"sources": {"hooks": source(forward={"url": server.url, "timeout_seconds": 2})}}
-        async with client_for(config, run_worker=True, **WORKER_SETTINGS) as client:
+        async with worker_for(config) as client:
             await client.post(
                 "/webhooks/hooks",
                 content=b"{}",
@@ -220,12 +219,10 @@ async def test_a_forward_carries_the_attempts_traceparent(
 
 
 async def test_admin_actions_are_spans(
-    client_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
+    worker_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
 ) -> None:
     config = cloudevents(handlers=["tests.handlers:always_fail"], max_attempts=1)
-    async with client_for(
-        config, run_worker=True, admin_tokens=["admin-token-long-enough"], **WORKER_SETTINGS
-    ) as client:
+    async with worker_for(config, admin_tokens=["admin-token-long-enough"]) as client:
         answer = await client.post(
             "/webhooks/events", content=structured_event("a1"), headers=STRUCTURED
         )
@@ -246,7 +243,7 @@ async def test_admin_actions_are_spans(
 
 
 async def test_with_tracing_off_a_forward_passes_the_events_own_context_on(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     assert not tracing.enabled()
     async with scripted_server((200, {})) as server:
@@ -258,7 +255,7 @@ async def test_with_tracing_off_a_forward_passes_the_events_own_context_on(
                 }
             }
         }
-        async with client_for(config, run_worker=True, **WORKER_SETTINGS) as client:
+        async with worker_for(config) as client:
             await client.post(
                 "/webhooks/events",
                 content=structured_event("off1", traceparent=TRACEPARENT),

@@ -18,10 +18,10 @@ from service.sources.config_file import parse_inbox_config
 from service.worker.worker import Worker
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
-    WORKER_SETTINGS,
     attempts_of,
     config,
     create_effects,
+    deliver_until,
     delivery,
     insert_messages,
     source,
@@ -44,12 +44,9 @@ def recorded_calls() -> Iterator[list[str]]:
 
 
 async def test_each_message_has_one_effect_when_delivered_twice_concurrently(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
-    async with client_for(
-        config("tests.handlers:record"), run_worker=True, **WORKER_SETTINGS
-    ) as client:
+    async with worker_for(config("tests.handlers:record")) as client:
         gate = asyncio.Semaphore(20)
 
         async def send(i: int) -> int:
@@ -79,14 +76,10 @@ async def test_each_message_has_one_effect_when_delivered_twice_concurrently(
 
 
 async def test_a_handler_failing_twice_leaves_one_effect_from_attempt_three(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
-    async with client_for(
-        config("tests.handlers:fail_twice"), run_worker=True, **WORKER_SETTINGS
-    ) as client:
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("flaky"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "processed")
+    async with worker_for(config("tests.handlers:fail_twice")) as client:
+        await deliver_until(client, db, "flaky", "processed")
     effects = await db.fetch("SELECT attempt FROM effects")
     assert [e["attempt"] for e in effects] == [3]
     attempts = await attempts_of(db, "flaky")
@@ -108,13 +101,11 @@ async def test_a_handler_failing_twice_leaves_one_effect_from_attempt_three(
 
 
 async def test_an_always_failing_handler_ends_dead_after_max_attempts_without_effect(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     cfg = config("tests.handlers:always_fail", max_attempts=3)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("doomed"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+    async with worker_for(cfg) as client:
+        await deliver_until(client, db, "doomed", "dead")
         await asyncio.sleep(0.3)  # nothing claims a dead message again
     assert await db.fetchval("SELECT count(*) FROM effects") == 0
     attempts = await attempts_of(db, "doomed")
@@ -127,27 +118,19 @@ async def test_an_always_failing_handler_ends_dead_after_max_attempts_without_ef
 
 
 async def test_permanent_failure_is_dead_at_once(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
-    async with client_for(
-        config("tests.handlers:permanent"), run_worker=True, **WORKER_SETTINGS
-    ) as client:
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("perm"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+    async with worker_for(config("tests.handlers:permanent")) as client:
+        await deliver_until(client, db, "perm", "dead")
     attempts = await attempts_of(db, "perm")
     assert [a["outcome"] for a in attempts] == ["dead"]
     assert attempts[0]["error_type"] == "service.PermanentFailure"
     assert await db.fetchval("SELECT count(*) FROM effects") == 0
 
 
-async def test_retry_later_waits_as_asked(client_for: AppFactory, db: asyncpg.Connection) -> None:
-    await create_effects(db)
-    async with client_for(
-        config("tests.handlers:retry_once_later"), run_worker=True, **WORKER_SETTINGS
-    ) as client:
-        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("later"))
-        await wait_until(db, "SELECT status FROM inbox_messages", "retrying", 5)
+async def test_retry_later_waits_as_asked(worker_for: AppFactory, db: asyncpg.Connection) -> None:
+    async with worker_for(config("tests.handlers:retry_once_later")) as client:
+        await deliver_until(client, db, "later", "retrying", 5)
         await wait_until(db, "SELECT status FROM inbox_messages", "processed", 10)
     first, second = await attempts_of(db, "later")
     assert first["outcome"] == "retry_later"
@@ -158,16 +141,15 @@ async def test_retry_later_waits_as_asked(client_for: AppFactory, db: asyncpg.Co
 
 
 async def test_a_handler_that_commits_fails_its_attempt_and_leaves_no_effect(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     cfg = {
         "sources": {
             "hooks": config("tests.handlers:commits", max_attempts=1)["sources"]["hooks"],
             "quiet": config("tests.handlers:commits_quietly", max_attempts=1)["sources"]["hooks"],
         }
     }
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
+    async with worker_for(cfg) as client:
         await client.post("/webhooks/hooks", content=b"{}", headers=delivery("c1"))
         await client.post("/webhooks/quiet", content=b"{}", headers=delivery("c2"))
         await wait_until(db, "SELECT count(*) FROM inbox_messages WHERE status = 'dead'", 2)
@@ -180,11 +162,10 @@ async def test_a_handler_that_commits_fails_its_attempt_and_leaves_no_effect(
 
 
 async def test_a_message_no_handler_matches_is_processed_with_a_note(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     cfg = config(handler=[{"target": "tests.handlers:record", "event_types": ["order.*"]}])
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS) as client:
+    async with worker_for(cfg) as client:
         await client.post("/webhooks/hooks", content=b"{}", headers=delivery("o", "order.paid"))
         await client.post("/webhooks/hooks", content=b"{}", headers=delivery("u", "user.new"))
         await wait_until(db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 2)
@@ -195,15 +176,12 @@ async def test_a_message_no_handler_matches_is_processed_with_a_note(
 
 
 async def test_graceful_shutdown_finishes_in_flight_work(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     handlers.slow_started = asyncio.Event()
     handlers.state["slow_seconds"] = 1.0
     try:
-        async with client_for(
-            config("tests.handlers:slow"), run_worker=True, **WORKER_SETTINGS
-        ) as client:
+        async with worker_for(config("tests.handlers:slow")) as client:
             await client.post("/webhooks/hooks", content=b"{}", headers=delivery("slow"))
             await asyncio.wait_for(handlers.slow_started.wait(), 10)
             # The attempt was counted (and committed) before the handler began: a claim beside
@@ -229,15 +207,14 @@ async def test_graceful_shutdown_finishes_in_flight_work(
     ],
 )
 async def test_handlers_run_with_the_servers_planner_settings_and_their_own_timeout(
-    client_for: AppFactory, db: asyncpg.Connection, handler: str, messages: list[str]
+    worker_for: AppFactory, db: asyncpg.Connection, handler: str, messages: list[str]
 ) -> None:
     # The claim disables sorts for its own plan, and the hold of a batch that runs again
     # disables sequential scans, hash and merge joins for its own, in the transaction the
     # handlers then run in: they must not inherit that, optimistic batch or isolated.
-    await create_effects(db)
     await insert_messages(db, *messages)
     cfg = config(f"tests.handlers:{handler}", handler_timeout_seconds=7, max_attempts=1)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(db, FINISHED, len(messages), 15)
     settings = [json.loads(r["payload"]) for r in await db.fetch("SELECT payload FROM effects")]
     server = {"enable_sort": "on", "enable_seqscan": "on", "enable_hashjoin": "on"}
@@ -245,20 +222,14 @@ async def test_handlers_run_with_the_servers_planner_settings_and_their_own_time
 
 
 async def test_deliveries_committed_soon_after_a_batch_began_are_claimed_together(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     # One claim loop, woken only by notifications (the poller is slow), which linger 2 s after
     # a batch began.
-    await create_effects(db)
     cfg = config("tests.handlers:record_transaction")
-    settings = {
-        **WORKER_SETTINGS,
-        "worker_poll_seconds": 60,
-        "worker_concurrency": 1,
-        "worker_linger_seconds": 2.0,
-    }
+    settings = {"worker_poll_seconds": 60, "worker_concurrency": 1, "worker_linger_seconds": 2.0}
     processed = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
-    async with client_for(cfg, run_worker=True, **settings) as client:
+    async with worker_for(cfg, **settings) as client:
         # The worker's first looks (at start, and when its listener connects) find nothing and
         # hold nothing back, once they are over.
         await asyncio.sleep(0.5)
@@ -280,16 +251,13 @@ async def test_deliveries_committed_soon_after_a_batch_began_are_claimed_togethe
 
 
 async def test_messages_of_other_sources_are_left_alone(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     # A source this worker's configuration does not name may belong to another deployment.
-    await create_effects(db)
     await db.execute(
         "INSERT INTO inbox_messages (source, message_id, body) VALUES ('elsewhere', 'x', '')"
     )
-    async with client_for(
-        config("tests.handlers:record"), run_worker=True, **WORKER_SETTINGS
-    ) as client:
+    async with worker_for(config("tests.handlers:record")) as client:
         await client.post("/webhooks/hooks", content=b"{}", headers=delivery("mine"))
         await wait_until(
             db, "SELECT status FROM inbox_messages WHERE source = 'hooks'", "processed"
@@ -298,12 +266,11 @@ async def test_messages_of_other_sources_are_left_alone(
 
 
 async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     await insert_messages(db, "good1", "bad", "good2")
     cfg = config("tests.handlers:sql_error_on_bad", max_attempts=1)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(db, FINISHED, 3)
     assert await status_of(db, "bad") == "dead"
     effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
@@ -317,12 +284,11 @@ async def test_a_database_error_in_one_handler_spares_the_rest_of_its_batch(
     ("bad", "stored"), [("bad-nul", "field\\x00value"), ("bad-surrogate", "field\\udcffvalue")]
 )
 async def test_an_error_message_text_cannot_hold_is_recorded_and_spares_the_rest_of_its_batch(
-    client_for: AppFactory, db: asyncpg.Connection, bad: str, stored: str
+    worker_for: AppFactory, db: asyncpg.Connection, bad: str, stored: str
 ) -> None:
-    await create_effects(db)
     await insert_messages(db, "good1", bad, "good2")
     cfg = config("tests.handlers:unstorable_error_on_bad", max_attempts=1)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(db, FINISHED, 3)
     assert await status_of(db, bad) == "dead"
     effects = await db.fetch("SELECT message_id FROM effects ORDER BY message_id")
@@ -335,16 +301,15 @@ async def test_an_error_message_text_cannot_hold_is_recorded_and_spares_the_rest
 
 
 async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_once(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     """A batch runs without a savepoint per message until a handler fails; then it rolls back
     and runs again with savepoints, the failed message not run again, and the source's next
     batches run with savepoints from the start."""
-    await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2", "good3")
     cfg = config("tests.handlers:count_calls_fail_on_bad", max_attempts=1)
     with recorded_calls() as calls:  # one claim loop: the sequences below are one batch's each
-        async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
+        async with worker_for(cfg, worker_concurrency=1):
             await wait_until(db, FINISHED, 4)
             first_batch = list(calls)
             await insert_messages(db, "good4", "bad2")
@@ -378,19 +343,18 @@ async def test_a_failure_in_a_batch_run_without_savepoints_commits_the_others_on
     ids=["session.add", "ctx.insert"],
 )
 async def test_staged_rows_are_written_once_per_batch_and_a_failing_write_isolates(
-    client_for: AppFactory, db: asyncpg.Connection, handler: str, error_type: str
+    worker_for: AppFactory, db: asyncpg.Connection, handler: str, error_type: str
 ) -> None:
     """Rows staged with `ctx.session.add` (one flush) or `ctx.insert` (one COPY) in an
     optimistic batch are written once at its end; when that write fails, no message is to
     blame, so the batch runs again isolated, each message's rows written in its savepoint,
     which names the bad one: the others commit once, and no handler runs a third time."""
-    await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2")
     cfg = config(f"tests.handlers:{handler}", max_attempts=1)
     # One claim loop: concurrent ones may split the three between them (SKIP LOCKED), and the
     # sequence below is that of one batch.
     with recorded_calls() as calls:
-        async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
+        async with worker_for(cfg, worker_concurrency=1):
             await wait_until(db, FINISHED, 3)
     assert calls == ["good1", "bad1", "good2", "good1", "bad1", "good2"]
     effects = await db.fetch("SELECT message_id, attempt FROM effects ORDER BY message_id")
@@ -403,17 +367,16 @@ async def test_staged_rows_are_written_once_per_batch_and_a_failing_write_isolat
 
 
 async def test_a_failing_flush_in_an_isolated_batch_fails_only_its_message(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     """For 10 s after a failure, the source's batches run isolated from the start. A staged row
     whose flush fails there makes the handler session roll back; joined to the batch's
     transaction, that used to roll back the whole batch (good3 went dead beside bad2). The
     session's own savepoint bounds it to its message."""
-    await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2")
     cfg = config("tests.handlers:add_effect_null_on_bad", max_attempts=1)
     with recorded_calls() as calls:
-        async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
+        async with worker_for(cfg, worker_concurrency=1):
             await wait_until(db, FINISHED, 3)
             await insert_messages(db, "good3", "bad2", "good4")
             await wait_until(db, FINISHED, 6)
@@ -460,15 +423,14 @@ async def test_after_a_failed_batch_flush_only_the_bad_messages_source_runs_isol
 
 
 async def test_rows_of_a_plain_sqlalchemy_class_commit_with_the_mark_or_not_at_all(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     """docs/handlers.md offers a plain mapped class as the cheaper row: it is staged, flushed
     and committed with its message's mark as a SQLModel row is, and rolled back with a
     failing message."""
-    await create_effects(db)
     await insert_messages(db, "good1", "bad1", "good2")
     cfg = config("tests.handlers:add_mapped_effect_or_fail", max_attempts=1)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(db, FINISHED, 3)
     effects = await db.fetch("SELECT message_id, attempt FROM effects ORDER BY message_id")
     assert [(e["message_id"], e["attempt"]) for e in effects] == [("good1", 1), ("good2", 1)]
@@ -478,18 +440,17 @@ async def test_rows_of_a_plain_sqlalchemy_class_commit_with_the_mark_or_not_at_a
 
 
 async def test_rows_staged_with_insert_commit_with_the_mark_or_not_at_all(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     """`ctx.insert` rows are written with their batch (one COPY) and committed with their
     messages' marks; a failing message's row is not written, whichever run it failed in: the
     optimistic one, or one with a savepoint per message (the source's batches after a
     failure)."""
-    await create_effects(db)
     numbered = "UPDATE inbox_messages SET body = convert_to('{\"n\": ' || id || '}', 'UTF8')"
     await insert_messages(db, "good1", "bad1", "good2")
     await db.execute(numbered)
     cfg = config("tests.handlers:insert_effect_or_fail", max_attempts=1)
-    async with client_for(cfg, run_worker=True, worker_concurrency=1, **WORKER_SETTINGS):
+    async with worker_for(cfg, worker_concurrency=1):
         await wait_until(db, FINISHED, 3)
         await insert_messages(db, "bad2", "good3")  # isolated from the start
         await db.execute(numbered)
@@ -510,12 +471,11 @@ async def test_rows_staged_with_insert_commit_with_the_mark_or_not_at_all(
 
 
 async def test_a_row_staged_with_insert_into_a_column_the_table_lacks_fails_its_handler(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     await insert_messages(db, "m1")
     cfg = config("tests.handlers:insert_into_a_misspelt_column", max_attempts=1)
-    async with client_for(cfg, run_worker=True, **WORKER_SETTINGS):
+    async with worker_for(cfg):
         await wait_until(db, FINISHED, 1)
     (attempt,) = await attempts_of(db, "m1")
     assert (attempt["outcome"], attempt["error_type"]) == ("dead", "ValueError")
@@ -524,17 +484,14 @@ async def test_a_row_staged_with_insert_into_a_column_the_table_lacks_fails_its_
 
 
 async def test_a_query_sees_the_rows_staged_with_add_before_it_in_the_batch(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     await insert_messages(db, "m1", "m2", "m3")
     handlers.state["seen"] = []
     try:
-        async with client_for(
+        async with worker_for(
             config("tests.handlers:add_then_count"),
-            run_worker=True,
             worker_concurrency=1,  # one batch, as the counts below are those of one
-            **WORKER_SETTINGS,
         ):
             await wait_until(
                 db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 3
@@ -547,18 +504,13 @@ async def test_a_query_sees_the_rows_staged_with_add_before_it_in_the_batch(
 
 
 async def test_a_hung_handler_times_out_and_is_retried_without_effect(
-    client_for: AppFactory, db: asyncpg.Connection
+    worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    await create_effects(db)
     handlers.state["slow_seconds"] = 30.0  # far past the limit below
     try:
-        async with client_for(
-            config("tests.handlers:slow", handler_timeout_seconds=0.3, max_attempts=2),
-            run_worker=True,
-            **WORKER_SETTINGS,
-        ) as client:
-            await client.post("/webhooks/hooks", content=b"{}", headers=delivery("hung"))
-            await wait_until(db, "SELECT status FROM inbox_messages", "dead", 15)
+        cfg = config("tests.handlers:slow", handler_timeout_seconds=0.3, max_attempts=2)
+        async with worker_for(cfg) as client:
+            await deliver_until(client, db, "hung", "dead", 15)
     finally:
         handlers.state["slow_seconds"] = 1.0
     attempts = await attempts_of(db, "hung")

@@ -51,6 +51,12 @@ def service(peak_mb: int = 100) -> list[Process]:
     return [Process("service", [], {}, [], peak_rss=[peak_mb * MIB])]
 
 
+def summary_with(**changed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary of a run that met every target (`passing_cells`) but for the `changed`
+    cells, its service within its memory limit."""
+    return summarise(passing_cells(**changed), service(), ARGS)
+
+
 def verdicts(summary: dict[str, Any]) -> dict[str, bool | None]:
     return {t["target"]: t["pass"] for t in summary["targets"]}
 
@@ -89,7 +95,7 @@ def passing_cells(**changed: list[dict[str, Any]]) -> dict[tuple[str, int, str],
 
 
 def test_every_target_met_passes() -> None:
-    summary = summarise(passing_cells(), service(), ARGS)
+    summary = summary_with()
     assert all(v is True for v in verdicts(summary).values()), summary["targets"]
     assert summary["all_pass"]
 
@@ -97,13 +103,9 @@ def test_every_target_met_passes() -> None:
 def test_a_ratio_is_of_the_medians_over_rounds() -> None:
     # `serve`'s rounds 8000, 9000, 9900 (median 9000) against A's 6000, 6100, 5000 (6000):
     # 1.5x, though two of the three rounds' own ratios (1.33x, 1.48x) are below it.
-    summary = summarise(
-        passing_cells(
-            generic_serve_32=[run(8000), run(9000), run(9900)],
-            baseline_A_32=[unstored(6000), unstored(6100), unstored(5000)],
-        ),
-        service(),
-        ARGS,
+    summary = summary_with(
+        generic_serve_32=[run(8000), run(9000), run(9900)],
+        baseline_A_32=[unstored(6000), unstored(6100), unstored(5000)],
     )
     (at_32,) = [r for r in summary["ratios"] if r["connections"] == 32]
     assert at_32["serve/A"] == 1.5
@@ -111,7 +113,7 @@ def test_a_ratio_is_of_the_medians_over_rounds() -> None:
 
 
 def test_serve_below_1_5x_at_32_connections_fails_only_that_target() -> None:
-    summary = summarise(passing_cells(generic_serve_32=[run(8940)] * 3), service(), ARGS)
+    summary = summary_with(generic_serve_32=[run(8940)] * 3)
     failed = [t for t, ok in verdicts(summary).items() if ok is not True]
     assert failed == ["default serve >= 1.5x baseline A at 32 conns"]
     assert not summary["all_pass"]
@@ -122,29 +124,23 @@ def test_serve_below_1_5x_at_32_connections_fails_only_that_target() -> None:
 
 def test_the_p99_target_takes_each_cells_median_over_rounds() -> None:
     one_stall = [run(9600, 400.0), run(9600, 12.0), run(9600, 11.0)]
-    summary = summarise(passing_cells(generic_32=one_stall), service(), ARGS)
+    summary = summary_with(generic_32=one_stall)
     assert verdicts(summary)["service p99 <= 25 ms at 32 connections"] is True
 
     two_stalls = [run(9600, 400.0), run(9600, 30.0), run(9600, 11.0)]
-    summary = summarise(passing_cells(generic_32=two_stalls), service(), ARGS)
+    summary = summary_with(generic_32=two_stalls)
     assert verdicts(summary)["service p99 <= 25 ms at 32 connections"] is False
     # 128 connections have no p99 target.
-    summary = summarise(passing_cells(generic_128=two_stalls), service(), ARGS)
+    summary = summary_with(generic_128=two_stalls)
     assert verdicts(summary)["service p99 <= 25 ms at 32 connections"] is True
 
 
 def test_one_failed_request_or_missing_id_in_any_round_fails() -> None:
-    summary = summarise(
-        passing_cells(generic_128=[run(9600), run(9600, non_2xx=1), run(9600)]), service(), ARGS
-    )
+    summary = summary_with(generic_128=[run(9600), run(9600, non_2xx=1), run(9600)])
     assert verdicts(summary)["service: zero non-2xx and socket errors"] is False
 
     lost = {"checked": True, "ok": False, "missing": 2}
-    summary = summarise(
-        passing_cells(standard_webhooks_32=[run(9000), run(9000, stored=lost), run(9000)]),
-        service(),
-        ARGS,
-    )
+    summary = summary_with(standard_webhooks_32=[run(9000), run(9000, stored=lost), run(9000)])
     assert verdicts(summary)["service: every acknowledged id stored"] is False
     assert "2 missing" in render(summary)
 
@@ -166,13 +162,9 @@ def test_the_rss_limit_is_the_service_processes_peak() -> None:
 
 
 def test_a_stored_cell_that_ran_out_of_requests_is_invalid() -> None:
-    summary = summarise(
-        passing_cells(
-            generic_32=[run(9600), run(9600, wrapped=5), run(9600)],
-            baseline_A_32=[unstored(6000, wrapped=7)] * 3,
-        ),
-        service(),
-        ARGS,
+    summary = summary_with(
+        generic_32=[run(9600), run(9600, wrapped=5), run(9600)],
+        baseline_A_32=[unstored(6000, wrapped=7)] * 3,
     )
     # A baseline stores nothing, so repeated requests do not void its cells.
     assert [r["target"] for r in summary["invalid_cells"]] == ["generic"]
@@ -180,16 +172,12 @@ def test_a_stored_cell_that_ran_out_of_requests_is_invalid() -> None:
 
 
 def test_the_clients_cpu_is_the_median_over_rounds_and_shown_where_measured() -> None:
-    summary = summarise(
-        passing_cells(
-            generic_32=[
-                run(9600, wrk_cpu_us_per_request=14.0),
-                run(9600, wrk_cpu_us_per_request=30.0),
-                run(9600, wrk_cpu_us_per_request=16.0),
-            ]
-        ),
-        service(),
-        ARGS,
+    summary = summary_with(
+        generic_32=[
+            run(9600, wrk_cpu_us_per_request=14.0),
+            run(9600, wrk_cpu_us_per_request=30.0),
+            run(9600, wrk_cpu_us_per_request=16.0),
+        ]
     )
     assert summary_row(summary, "generic", 32)["wrk_cpu_us_per_request"] == 16.0
     assert summary_row(summary, "generic", 128)["wrk_cpu_us_per_request"] is None  # not measured
@@ -199,17 +187,13 @@ def test_the_clients_cpu_is_the_median_over_rounds_and_shown_where_measured() ->
 
 def test_cores_busy_is_the_median_of_each_rounds_rate_times_its_cpu_a_request() -> None:
     # Rounds busy 0.9, 0.72 and 0.8 cores; the median rate times the median CPU would be 0.9.
-    summary = summarise(
-        passing_cells(
-            generic_32=[
-                run(10000, cpu_us_per_request=90.0),
-                run(12000, cpu_us_per_request=60.0),
-                run(8000, cpu_us_per_request=100.0),
-            ],
-            baseline_B_32=[{k: v for k, v in run(500).items() if k != "cpu_us_per_request"}] * 3,
-        ),
-        service(),
-        ARGS,
+    summary = summary_with(
+        generic_32=[
+            run(10000, cpu_us_per_request=90.0),
+            run(12000, cpu_us_per_request=60.0),
+            run(8000, cpu_us_per_request=100.0),
+        ],
+        baseline_B_32=[{k: v for k, v in run(500).items() if k != "cpu_us_per_request"}] * 3,
     )
     assert summary_row(summary, "generic", 32)["cores_busy"] == pytest.approx(0.8)
     assert summary_row(summary, "baseline-B", 32)["cores_busy"] is None  # CPU not measured
@@ -220,13 +204,9 @@ def test_cores_busy_is_the_median_of_each_rounds_rate_times_its_cpu_a_request() 
 def test_the_ratios_by_round_pair_each_rounds_cells_and_are_shown_not_judged() -> None:
     # Round 1's pair ran at 1.25x, round 0's at 1.5x; the ratio of the medians is 1.357x.
     # Baseline A's runs are listed out of round order: the pairing is by round number.
-    summary = summarise(
-        passing_cells(
-            baseline_A_32=[unstored(8000, round=1), unstored(6000, round=0)],
-            generic_serve_32=[run(9000, round=0), run(10000, round=1)],
-        ),
-        service(),
-        ARGS,
+    summary = summary_with(
+        baseline_A_32=[unstored(8000, round=1), unstored(6000, round=0)],
+        generic_serve_32=[run(9000, round=0), run(10000, round=1)],
     )
     at_32 = next(r for r in summary["ratios"] if r["connections"] == 32)
     assert at_32["by_round"]["serve/A"] == [1.5, 1.25]
@@ -239,4 +219,4 @@ def test_the_ratios_by_round_pair_each_rounds_cells_and_are_shown_not_judged() -
 
 
 def test_no_ratios_by_round_are_shown_when_no_run_names_its_round() -> None:
-    assert "ratios by round" not in render(summarise(passing_cells(), service(), ARGS))
+    assert "ratios by round" not in render(summary_with())

@@ -16,6 +16,7 @@ from service.processing.pipeline import resolve_pipelines
 from service.processing.policy import backoff_delay, classify_failure
 from service.sources.config import SourceConfig
 from service.sources.config_file import parse_inbox_config
+from tests.cli_runner import refused_at_start
 from tests.processing_helpers import config
 
 CFG = SourceConfig(kind="generic", max_attempts=3, backoff_base_seconds=2, backoff_max_seconds=60)
@@ -138,14 +139,10 @@ def test_worker_command_stops_with_one_line_on_a_bad_handler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "inbox.toml"
-    path.write_text(
+    toml = (
         '[sources.hooks]\nkind = "generic"\nid_header = "X-Id"\nhandlers = ["tests.nope:handle"]\n'
     )
-    monkeypatch.setenv("INBOX_CONFIG", str(path))
-    monkeypatch.setenv("DATABASE_URL", "postgresql://unused@127.0.0.1:1/x")
-    with pytest.raises(SystemExit) as caught:
-        main(["worker"])
-    assert str(caught.value).startswith(
+    assert refused_at_start(monkeypatch, path, toml, "worker").startswith(
         f"config error: {path}: sources.hooks.handlers[0]: cannot import module 'tests.nope'"
     )
 

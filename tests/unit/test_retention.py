@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from service.cli import main
 from service.core.settings import ConfigError
 from service.sources.config_file import parse_inbox_config
+from tests.cli_runner import refused_at_start
 
 
 def config(**retention: Any) -> dict[str, Any]:
@@ -36,15 +36,10 @@ def test_retention_below_a_source_floor_refuses_to_start(
 def test_cli_refuses_a_short_retention_with_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "inbox.toml"
-    path.write_text(
+    toml = (
         '[sources.hooks]\nkind = "generic"\nid_header = "X-Id"\n\n[retention]\nprocessed_days = 1\n'
     )
-    monkeypatch.setenv("INBOX_CONFIG", str(path))
-    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
-    with pytest.raises(SystemExit) as raised:
-        main(["prune"])
-    text = str(raised.value.code)
+    text = refused_at_start(monkeypatch, tmp_path / "inbox.toml", toml, "prune")
     assert text.startswith("config error: ")
     assert "retention.processed_days" in text
     assert "\n" not in text

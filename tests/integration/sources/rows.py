@@ -1,4 +1,4 @@
-"""What the provider integration tests read back from the inbox table."""
+"""What the provider integration tests read back from the inbox table, and check of it."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import asyncpg
+import httpx
 
 
 async def count_rows(db: asyncpg.Connection) -> int:
@@ -17,4 +18,25 @@ async def only_row(db: asyncpg.Connection) -> dict[str, Any]:
     assert len(rows) == 1
     row = dict(rows[0])
     row["headers"] = json.loads(row["headers"])
+    return row
+
+
+async def only_row_of_a_redelivery(
+    db: asyncpg.Connection,
+    first: httpx.Response,
+    again: httpx.Response,
+    message_id: str,
+    event_type: str,
+) -> dict[str, Any]:
+    """Checks the answers to a delivery and its redelivery, the first recorded as `message_id`
+    and the second a duplicate of it, and their one row: of `event_type`, received twice.
+    The row is returned for the checks of the kind's own."""
+    assert first.status_code == 200, first.text
+    assert first.json()["status"] == "accepted"
+    assert first.json()["message_id"] == message_id
+    assert again.status_code == 200, again.text
+    assert again.json() == {"status": "duplicate", "message_id": message_id}
+    row = await only_row(db)
+    assert row["event_type"] == event_type
+    assert row["receive_count"] == 2
     return row

@@ -15,6 +15,7 @@ from service.app import create_app
 from service.core.settings import Settings
 from service.sources.config_file import parse_inbox_config
 from tests.conftest import running
+from tests.integration.sources.rows import only_row_of_a_redelivery
 from tests.senders.sns import (
     CERT_URL,
     CONFIG,
@@ -27,12 +28,6 @@ from tests.senders.sns import (
     signed,
     with_fetcher,
 )
-
-
-@pytest.fixture
-def fetcher() -> FakeFetcher:
-    return FakeFetcher()
-
 
 SnsClient = Callable[[], AbstractAsyncContextManager[httpx.AsyncClient]]
 
@@ -66,11 +61,8 @@ async def test_signed_notification_is_accepted_then_duplicate(
     async with sns_client() as client:
         first = await client.post("/webhooks/alerts", content=body, headers=HEADERS)
         again = await client.post("/webhooks/alerts", content=body, headers=HEADERS)
-    assert first.status_code == 200, first.text
-    assert first.json()["message_id"] == "22b80b92-fdea-4c2c-8f9d-bdfb0c7bf324"
-    assert again.json()["status"] == "duplicate"
-    (row,) = await rows(db)
-    assert row["event_type"] == "My First Message"
+    message_id = "22b80b92-fdea-4c2c-8f9d-bdfb0c7bf324"
+    await only_row_of_a_redelivery(db, first, again, message_id, "My First Message")
     assert fetcher.certificate_calls == [CERT_URL]  # cached after the first fetch
 
 

@@ -10,7 +10,7 @@ from service.core.settings import ConfigError
 from service.sources.config_file import parse_inbox_config
 from service.sources.shopify import shopify_signature
 from tests.senders.shopify import CONFIG, OLD_SECRET, ORDER, SECRET, signed
-from tests.verdicts import assert_refused, messages_of, refusal_of, source_of
+from tests.verdicts import assert_rejection, messages_of, source_of
 
 SOURCE = source_of(CONFIG, "shop")
 
@@ -79,6 +79,4 @@ REJECTIONS = {
 
 @pytest.mark.parametrize("case", list(REJECTIONS))
 async def test_rejections_are_refused_naming_the_cause(case: str) -> None:
-    build, status, detail = REJECTIONS[case]
-    body, headers = build()
-    assert_refused(await refusal_of(SOURCE, body, headers), status, detail)
+    await assert_rejection(SOURCE, REJECTIONS[case])

@@ -21,7 +21,7 @@ from tests.senders.slack import (
     callback,
     signed,
 )
-from tests.verdicts import assert_refused, messages_of, refusal_of, source_of
+from tests.verdicts import assert_refused, assert_rejection, messages_of, refusal_of, source_of
 
 SOURCE = source_of(CONFIG, "slack")
 DOC_SOURCE = source_of({"sources": {"slack": {"kind": "slack", "secrets": [DOC_SECRET]}}}, "slack")
@@ -128,9 +128,7 @@ REJECTIONS = {
 
 @pytest.mark.parametrize("case", list(REJECTIONS))
 async def test_rejections_are_refused_naming_the_cause(case: str) -> None:
-    build, status, detail = REJECTIONS[case]
-    body, headers = build()
-    assert_refused(await refusal_of(SOURCE, body, headers), status, detail)
+    await assert_rejection(SOURCE, REJECTIONS[case])
 
 
 async def test_tolerance_is_configurable() -> None:

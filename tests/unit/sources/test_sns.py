@@ -28,11 +28,6 @@ from tests.verdicts import messages_of, refusal_of, source_of
 
 
 @pytest.fixture
-def fetcher() -> FakeFetcher:
-    return FakeFetcher()
-
-
-@pytest.fixture
 def alerts(fetcher: FakeFetcher) -> AnySource:
     return with_fetcher(source_of(CONFIG, "alerts"), fetcher)
 
