@@ -50,6 +50,10 @@ class Pipeline:
     _by_event_type: dict[str | None, tuple[Handler, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # The routes each event type matches, for `handlers_for_message` (payload filters only).
+    _routes_by_event_type: dict[str | None, tuple[Route, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def forward(self) -> ForwardConfig | None:
@@ -83,15 +87,21 @@ class Pipeline:
 
     def handlers_for_message(self, event_type: str | None, body: bytes) -> tuple[Handler, ...]:
         """The handlers to run for a message: by its event type and, where a route has a
-        payload filter, by its body (parsed once, and only then)."""
+        payload filter, by its body (parsed once, and only when a route matches the type)."""
         if not self.reads_payload:
             return self.handlers_for(event_type)
+        routes = self._routes_by_event_type.get(event_type)
+        if routes is None:
+            routes = tuple(route for route in self.routes if route.matches(event_type))
+            if len(self._routes_by_event_type) < 10_000:  # as `handlers_for`'s memo
+                self._routes_by_event_type[event_type] = routes
+        if not routes:
+            return ()
         document = parsed_payload(body)
         return tuple(
             route.handler
-            for route in self.routes
-            if route.matches(event_type)
-            and (route.payload is None or route.payload.matches(document))
+            for route in routes
+            if route.payload is None or route.payload.matches(document)
         )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 COMPARISONS = ("equals", "in", "exists", "prefix")
 
@@ -104,6 +104,11 @@ class Condition(BaseModel):
     in_: list[Any] | None = Field(default=None, alias="in", min_length=1)
     exists: bool | None = None
     prefix: str | None = None
+    # The pointer's tokens, unescaped once here rather than on every message.
+    _tokens: tuple[str, ...] = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._tokens = pointer_tokens(self.pointer)
 
     @model_validator(mode="after")
     def one_comparison(self) -> Self:
@@ -114,7 +119,7 @@ class Condition(BaseModel):
         return self
 
     def holds(self, document: Any) -> bool:
-        value = resolve(document, pointer_tokens(self.pointer))
+        value = resolve(document, self._tokens)
         if self.exists is not None:
             return (value is not MISSING) is self.exists
         if value is MISSING:
