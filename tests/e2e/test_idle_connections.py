@@ -12,6 +12,7 @@ import json
 import resource
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -25,6 +26,8 @@ from tests.server import ServerProcess, http_only
 pytestmark = pytest.mark.slow
 
 IDLE_SOCKETS = 2_000
+# How much later than its deadline a timer may close a socket, on a shared machine.
+SLACK_SECONDS = 2.0
 PARTIAL_HEAD = b"POST /webhooks/s HTTP/1.1\r\nHost: x\r\nX-Id: slow"
 
 
@@ -33,7 +36,7 @@ def raise_fd_limit(needed: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
-            pytest.skip(f"needs {needed} file descriptors; the hard limit is {hard}")
+            pytest.fail(f"needs {needed} file descriptors; the hard limit is {hard}")
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
@@ -44,44 +47,77 @@ def start_server(database_url: str, workdir: Path, **env: str) -> ServerProcess:
 
 
 @pytest.fixture
-def server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+def fd_room() -> None:
     raise_fd_limit(2 * IDLE_SOCKETS + 1_000)
+
+
+@pytest.fixture
+def server(database_url: str, tmp_path: Path, fd_room: None) -> Iterator[ServerProcess]:
     with start_server(database_url, tmp_path) as running:  # INBOX_MAX_CONNECTIONS: 1000
         yield running
 
 
-Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+@dataclass
+class Idle:
+    """One socket opened and left silent (or with part of a head), and when the server closed it."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    partial: bool
+    opened_at: float
+    closed_after: float | None = None  # seconds from its own connect; None: still open
+    answer: bytes = b""
 
 
-async def open_idle(port: int, count: int) -> list[Connection]:
-    """`count` connections, every fourth having sent part of a head, the rest nothing."""
-    opened = []
+async def open_idle(port: int, count: int, *, partial_every: int = 4) -> list[Idle]:
+    """`count` connections, every `partial_every`th having sent part of a head, the rest
+    nothing, opened 200 at a time."""
+    opened: list[Idle] = []
     for batch in range(0, count, 200):
         pairs = await asyncio.gather(
             *(asyncio.open_connection("127.0.0.1", port) for _ in range(min(200, count - batch)))
         )
-        for i, (_, writer) in enumerate(pairs):
-            if i % 4 == 0:
+        now = time.monotonic()
+        for i, (reader, writer) in enumerate(pairs):
+            partial = (batch + i) % partial_every == 0
+            if partial:
                 writer.write(PARTIAL_HEAD)
-        opened += pairs
+            opened.append(Idle(reader, writer, partial, now))
     return opened
 
 
-async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bytes | None:
-    """What the server sent before closing (b"" for nothing), or None if it kept it open."""
+async def watch_close(idle: Idle, until: float) -> None:
+    """Record when the server closes `idle`, and what it sent, waiting at most until `until`."""
     try:
-        return await asyncio.wait_for(reader.read(), within)
+        idle.answer = await asyncio.wait_for(idle.reader.read(), until - time.monotonic())
     except TimeoutError:
-        return None
+        return
     except ConnectionError:
-        return b""
+        idle.answer = b""
+    idle.closed_after = time.monotonic() - idle.opened_at
+
+
+async def closed_within_the_head_timeout(idle: list[Idle]) -> tuple[int, float]:
+    """Wait for the server to close every socket; assert each was closed within the head
+    timeout of its own connect (and a partial head told so with a 408). Returns how many were
+    closed on arrival (within a second) and the latest close, in seconds after a connect."""
+    until = time.monotonic() + REQUEST_HEAD_TIMEOUT_SECONDS + SLACK_SECONDS + 1
+    await asyncio.gather(*(watch_close(one, until) for one in idle))
+    for one in idle:
+        one.writer.close()
+    still_open = [one for one in idle if one.closed_after is None]
+    assert not still_open, f"{len(still_open)} idle sockets the server kept open"
+    latest = max(one.closed_after or 0.0 for one in idle)
+    assert latest <= REQUEST_HEAD_TIMEOUT_SECONDS + SLACK_SECONDS, latest
+    assert all(one.answer.startswith(b"HTTP/1.1 408") for one in idle if one.partial and one.answer)
+    assert not any(one.answer for one in idle if not one.partial)
+    return sum((one.closed_after or 0.0) < 1.0 for one in idle), latest
 
 
 async def test_idle_sockets_neither_refuse_a_sender_nor_stay_open(
     server: ServerProcess, db: asyncpg.Connection
 ) -> None:
     idle = await open_idle(server.port, IDLE_SOCKETS)
-    opened_at = time.monotonic()
     latencies = []
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
         for i in range(10):
@@ -94,17 +130,26 @@ async def test_idle_sockets_neither_refuse_a_sender_nor_stay_open(
     assert max(latencies) < 1.0
     assert await db.fetchval("SELECT count(*) FROM inbox_messages") == 10
 
-    # Every idle socket is closed by the server: the oldest to make room, the rest when
-    # the head timeout runs out; a socket that had begun a head is told so with a 408.
-    deadline = REQUEST_HEAD_TIMEOUT_SECONDS + 5 - (time.monotonic() - opened_at)
-    answers = await asyncio.gather(*(closed_by_server(r, deadline) for r, _ in idle))
-    closed_at = time.monotonic() - opened_at
-    assert sum(a is None for a in answers) == 0, "idle sockets the server kept open"
-    partial = [a for i, a in enumerate(answers) if i % 4 == 0 and a]
-    assert all(a.startswith(b"HTTP/1.1 408") for a in partial)
-    print(f"all {IDLE_SOCKETS} idle sockets closed by the server within {closed_at:.1f} s")
-    for _, writer in idle:
-        writer.close()
+    # Past INBOX_MAX_CONNECTIONS (1000) open, each new connection closed the one that had
+    # waited longest, at once; the thousand left were closed at the head timeout. (Issue 50
+    # item 4: counted ~10 s later, only those thousand look closed; none is left open.)
+    on_arrival, latest = await closed_within_the_head_timeout(idle)
+    print(f"{on_arrival} closed on arrival, the rest by {latest:.1f} s after their connect")
+    assert on_arrival >= IDLE_SOCKETS - 1_000 - 10  # the limit, less the senders' connections
+
+
+async def test_below_the_connection_limit_every_idle_socket_is_closed_by_its_own_deadline(
+    database_url: str, tmp_path: Path, fd_room: None
+) -> None:
+    # No room to make: every one of the 2,000 waits for its own timer.
+    env = {"INBOX_MAX_CONNECTIONS": str(2 * IDLE_SOCKETS)}
+    with start_server(database_url, tmp_path, **env) as server:
+        idle = await open_idle(server.port, IDLE_SOCKETS, partial_every=10)
+        on_arrival, latest = await closed_within_the_head_timeout(idle)
+    earliest = min(one.closed_after or 0.0 for one in idle)
+    print(f"{IDLE_SOCKETS} idle sockets closed {earliest:.1f}-{latest:.1f} s after their connect")
+    assert on_arrival == 0
+    assert earliest >= REQUEST_HEAD_TIMEOUT_SECONDS - SLACK_SECONDS
 
 
 async def test_a_refusal_when_every_connection_is_busy_is_a_problem_with_retry_after(
