@@ -128,6 +128,8 @@ async def test_bad_listing_input_is_a_problem(client_for: AppFactory) -> None:
         {"status": "lost"},
         {"received_after": "yesterday"},
         {"received_before": "2026-13-01T00:00:00Z"},
+        {"received_before": "1700000000"},  # pydantic alone would read it as Unix time
+        {"received_after": "-594"},
         {"staus": "dead"},  # a misspelt filter must not silently list everything
     ]
     async with admin_client(client_for) as client:
@@ -145,6 +147,34 @@ async def test_bad_listing_input_is_a_problem(client_for: AppFactory) -> None:
     # A list entry is named as in config errors: `[i]`.
     assert listed.json()["detail"].startswith("query.status[1]: ")
     assert bulk.json()["detail"].startswith("body.status[0]: ")
+
+
+async def test_a_bulk_retry_refuses_a_number_for_a_time_and_retries_nothing(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    dead = await seed(db, "m-dead", status="dead")
+    async with admin_client(client_for) as client:
+        refused = [
+            await client.post("/admin/messages/retry", json=body, headers=AUTH)
+            for body in (
+                {"received_before": -594},
+                {"received_before": 1_700_000_000},
+                {"received_after": 1.5},
+                {"received_after": True},
+                {"received_before": "1700000000"},
+            )
+        ]
+        iso = await client.post(
+            "/admin/messages/retry",
+            json={"received_before": "2100-01-01T00:00:00Z", "dry_run": True},
+            headers=AUTH,
+        )
+    for response in refused:
+        assert response.status_code == 422, response.request.content
+        assert response.headers["content-type"] == "application/problem+json"
+        assert "ISO 8601" in response.json()["detail"]
+    assert await db.fetchval("SELECT status FROM inbox_messages WHERE id = $1", dead) == "dead"
+    assert iso.json()["matched"] == 1
 
 
 async def test_paging_by_7_over_30_with_an_insert_between_pages(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.core.schema import Status
 
@@ -14,6 +14,16 @@ MAX_ID = 2**63 - 1  # inbox ids are PostgreSQL bigints
 # about 255 levels, nor Python's json module past its recursion limit, and a deeper body is
 # stored whenever its source does not parse it (an id taken from a header).
 MAX_PAYLOAD_DEPTH = 100
+
+
+def _not_a_number(value: object) -> object:
+    """pydantic reads a number (or a string of digits) as Unix time; here a time is ISO 8601
+    alone, as the schema says, so `received_before=1700000000` is refused, not guessed at."""
+    if isinstance(value, bool | int | float) or (
+        isinstance(value, str) and value.strip().lstrip("+-").replace(".", "", 1).isdigit()
+    ):
+        raise ValueError("a time is ISO 8601 (e.g. 2026-01-31T12:00:00Z), not a number")
+    return value
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -26,7 +36,7 @@ def _as_utc(value: datetime) -> datetime:
         raise ValueError("time is out of range") from None
 
 
-Timestamp = Annotated[datetime, AfterValidator(_as_utc)]
+Timestamp = Annotated[datetime, BeforeValidator(_not_a_number), AfterValidator(_as_utc)]
 # PostgreSQL text cannot hold NUL; refusing it here turns a driver error into a 422.
 Text = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\x00]*$")]
 
