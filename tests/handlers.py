@@ -323,3 +323,37 @@ async def insert_effect_null_on_bad(message: InboxMessage, ctx: HandlerContext) 
 
 async def insert_into_a_misspelt_column(message: InboxMessage, ctx: HandlerContext) -> None:
     ctx.insert(EFFECTS, {**effect_fields(message), "atempt": message.attempt})
+
+
+# Handlers of named destinations: each records an effect naming itself, so a test can count
+# what each destination applied.
+
+
+async def _record_as(name: str, message: InboxMessage, ctx: HandlerContext) -> None:
+    import json
+
+    await ctx.session.execute(
+        INSERT_EFFECT, {**effect_fields(message), "payload": json.dumps({"by": name})}
+    )
+
+
+async def record_billing(message: InboxMessage, ctx: HandlerContext) -> None:
+    await _record_as("billing", message, ctx)
+
+
+async def record_warehouse(message: InboxMessage, ctx: HandlerContext) -> None:
+    await _record_as("warehouse", message, ctx)
+
+
+async def record_disputes_failing_three_times(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Stages its effect, then fails on the message's first three attempts."""
+    await _record_as("disputes", message, ctx)
+    if message.attempt <= 3:
+        raise RuntimeError(f"disputes is down (attempt {message.attempt})")
+
+
+async def record_disputes_unless_down(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Stages its effect, then fails while `state["disputes_down"]` is set."""
+    await _record_as("disputes", message, ctx)
+    if state.get("disputes_down"):
+        raise RuntimeError("disputes is down")

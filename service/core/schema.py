@@ -184,6 +184,47 @@ class AttemptRecord(InboxTable, table=True):
     traceback: str | None = Field(default=None, sa_column=Column(Text))
     duration_ms: float | None = Field(default=None, sa_column=Column(Double))
     actor: str | None = Field(default=None, sa_column=Column(Text))
+    # The named destination this attempt ran (0010); None for a source without destinations,
+    # and for an attempt of the whole message (one that never finished, an admin action).
+    destination: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class DestinationRecord(InboxTable, table=True):
+    """`inbox_destinations`: where a message stands with each named destination of its source
+    (0010). Written by the batch that runs the destination, in the transaction that commits
+    its effects, so a destination's processed mark and its effects commit together or not at
+    all. No row: the destination has not run for the message (none of a source without named
+    destinations has one)."""
+
+    __tablename__ = "inbox_destinations"
+    __table_args__ = (
+        CheckConstraint(
+            f"status IN ({sql_list(list(Status))})", name="inbox_destinations_status_check"
+        ),
+        # Per-destination counts and dead letters: the unfinished and dead pairs, not the
+        # processed ones that are most of the table.
+        Index(
+            "inbox_destinations_status_idx",
+            "source",
+            "destination",
+            "status",
+            postgresql_where=text(f"status <> '{Status.PROCESSED.value}'"),
+        ),
+    )
+
+    message_id: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    destination: str = Field(sa_column=Column(Text, primary_key=True))
+    source: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(sa_column=Column(Text, nullable=False))
+    attempts: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    updated_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    processed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
 
 class ClaimRecord(InboxTable, table=True):
@@ -284,6 +325,20 @@ RECEIPTS_FOLLOW_MESSAGES = (
     "FOR EACH STATEMENT EXECUTE FUNCTION inbox_receipts_follow_truncated()",
 )
 
+# Destination rows go with their message the same way (0010).
+DESTINATIONS_FOLLOW_MESSAGES = (
+    "CREATE FUNCTION inbox_destinations_follow_deleted() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$BEGIN DELETE FROM inbox_destinations AS d USING deleted "
+    "WHERE d.message_id = deleted.id; RETURN NULL; END$$",
+    "CREATE TRIGGER inbox_messages_deleted_destinations AFTER DELETE ON inbox_messages "
+    "REFERENCING OLD TABLE AS deleted "
+    "FOR EACH STATEMENT EXECUTE FUNCTION inbox_destinations_follow_deleted()",
+    "CREATE FUNCTION inbox_destinations_follow_truncated() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$BEGIN DELETE FROM inbox_destinations; RETURN NULL; END$$",
+    "CREATE TRIGGER inbox_messages_truncated_destinations AFTER TRUNCATE ON inbox_messages "
+    "FOR EACH STATEMENT EXECUTE FUNCTION inbox_destinations_follow_truncated()",
+)
+
 metadata = InboxTable.metadata
 
 
@@ -302,4 +357,10 @@ def _claims_follow_messages(target: Table, connection: Connection, **kw: Any) ->
 @event.listens_for(metadata.tables["inbox_receipts"], "after_create")
 def _receipts_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
     for statement in RECEIPTS_FOLLOW_MESSAGES:
+        connection.exec_driver_sql(statement)
+
+
+@event.listens_for(metadata.tables["inbox_destinations"], "after_create")
+def _destinations_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
+    for statement in DESTINATIONS_FOLLOW_MESSAGES:
         connection.exec_driver_sql(statement)

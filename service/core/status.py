@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -26,3 +27,16 @@ UNFINISHED = (Status.PENDING, Status.RETRYING, Status.PROCESSING)
 def sql_list(statuses: tuple[Status, ...] | list[Status]) -> str:
     """`'pending', 'retrying'` for an SQL `IN (...)`: the statuses are ours, never input."""
     return ", ".join(f"'{status.value}'" for status in statuses)
+
+
+def summary_status(statuses: Iterable[str]) -> Status:
+    """A message's status from its named destinations' (SPEC §5, docs/routing.md): `retrying`
+    while any is unfinished, else `dead` if any is dead, else `discarded` if any was set
+    aside, else `processed` (each processed, or none matched)."""
+    seen = set(statuses)
+    if seen & {Status.PENDING.value, Status.RETRYING.value, Status.PROCESSING.value}:
+        return Status.RETRYING
+    for status in (Status.DEAD, Status.DISCARDED):
+        if status.value in seen:
+            return status
+    return Status.PROCESSED

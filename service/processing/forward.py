@@ -12,6 +12,7 @@ import httpx
 from service.core import tracing
 from service.core.schema import Status
 from service.processing.attempt_spans import describe
+from service.processing.pipeline import Destination
 from service.processing.policy import Failure, dead_failure, failed_attempt, retry_failure
 from service.sources.config import SourceConfig
 from service.store.claims import AttemptResult, MessageRow
@@ -48,16 +49,22 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
 
 
-def forward_headers(row: MessageRow, attempt: int) -> dict[str, str]:
+def forward_headers(
+    row: MessageRow, attempt: int, destination: str | None = None
+) -> dict[str, str]:
+    # The same on every attempt, so the destination can drop a repeat of an attempt whose
+    # answer we never saw (timeout, crash before recording it); a named destination's adds
+    # its name, so two destinations on one endpoint are two deliveries.
+    key = f"{row.source}:{row.message_id}"
     headers = {
         "content-type": row.content_type or "application/octet-stream",
-        # The same on every attempt, so the destination can drop a repeat of an attempt whose
-        # answer we never saw (timeout, crash before recording it).
-        "idempotency-key": f"{row.source}:{row.message_id}",
+        "idempotency-key": key if destination is None else f"{key}:{destination}",
         "inbox-message-id": str(row.id),
         "inbox-attempt": str(attempt),
         "inbox-source": row.source,
     }
+    if destination is not None:
+        headers["inbox-destination"] = destination
     if row.event_type is not None:
         headers["inbox-event-type"] = row.event_type
     if row.trace_context:
@@ -84,18 +91,26 @@ def classify_response(
 
 
 async def forward_message(
-    client: httpx.AsyncClient, row: MessageRow, attempt: int, config: SourceConfig
+    client: httpx.AsyncClient,
+    row: MessageRow,
+    attempt: int,
+    config: SourceConfig,
+    *,
+    destination: Destination | None = None,
 ) -> AttemptResult:
-    """POST `row` to the source's destination; the attempt's result, never an exception."""
-    assert config.forward is not None
+    """POST `row` to the source's forward, or to the named `destination`'s; the attempt's
+    result, never an exception."""
+    forward = config.forward if destination is None else destination.forward
+    assert forward is not None
+    name = None if destination is None else destination.name
     started = datetime.now(UTC)
     failure: Failure | None
     try:
         # httpx's timeout is per read/write; this one bounds the whole exchange, so the call
         # always ends before the lease does.
-        async with asyncio.timeout(config.forward.timeout_seconds):
+        async with asyncio.timeout(forward.timeout_seconds):
             response = await client.post(
-                config.forward.url, content=row.body, headers=forward_headers(row, attempt)
+                forward.url, content=row.body, headers=forward_headers(row, attempt, name)
             )
         failure = classify_response(response, attempt, config, row.budget_start)
     except (TimeoutError, httpx.TimeoutException):
@@ -103,7 +118,7 @@ async def forward_message(
             attempt,
             config,
             "ForwardTimeout",
-            f"no answer within {config.forward.timeout_seconds:g}s",
+            f"no answer within {forward.timeout_seconds:g}s",
             None,
             budget_start=row.budget_start,
         )
@@ -123,6 +138,7 @@ async def forward_message(
         "forward failed",
         extra={
             "source": row.source,
+            "destination": name,
             "message_id": row.message_id,
             "id": row.id,
             "attempt": attempt,

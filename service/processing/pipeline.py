@@ -13,7 +13,7 @@ from typing import Any
 from service.core.settings import ConfigError
 from service.processing.handler_api import Handler
 from service.sources.base import BadDelivery, parse_json
-from service.sources.config import ForwardConfig, SourceConfig
+from service.sources.config import DestinationConfig, ForwardConfig, SourceConfig
 from service.sources.config_file import InboxConfig
 from service.sources.filters import MISSING, PayloadFilter
 
@@ -32,6 +32,35 @@ class Route:
         return any(fnmatchcase(name, pattern) for pattern in self.event_types)
 
 
+@dataclass(frozen=True)
+class Destination:
+    """One named destination of a source (`[sources.X.destinations.NAME]`): its filter, and
+    either its Python handlers (`routes`, each with a filter of its own) or its forward."""
+
+    name: str
+    event_types: tuple[str, ...] = ("*",)
+    payload: PayloadFilter | None = None
+    routes: tuple[Route, ...] = ()
+    forward: ForwardConfig | None = None
+
+    def matches(self, event_type: str | None) -> bool:
+        name = event_type or ""
+        return any(fnmatchcase(name, pattern) for pattern in self.event_types)
+
+    @property
+    def reads_payload(self) -> bool:
+        return self.payload is not None or any(r.payload is not None for r in self.routes)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A destination a message goes to, and the handlers of it that its message matches (none
+    for a forward)."""
+
+    destination: Destination
+    handlers: tuple[Handler, ...] = ()
+
+
 def parsed_payload(body: bytes) -> Any:
     """The body as JSON for the payload filters, or MISSING when it is not JSON."""
     try:
@@ -47,6 +76,8 @@ class Pipeline:
     source: str
     config: SourceConfig
     routes: tuple[Route, ...] = ()
+    # Named destinations (`[sources.X.destinations]`), instead of `routes` and `forward`.
+    destinations: tuple[Destination, ...] = ()
     _by_event_type: dict[str | None, tuple[Handler, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -71,10 +102,18 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         # A frozen dataclass sets its own fields through object.__setattr__.
-        object.__setattr__(self, "has_work", bool(self.routes) or self.forward is not None)
+        work = bool(self.routes or self.destinations) or self.forward is not None
+        object.__setattr__(self, "has_work", work)
         object.__setattr__(self, "sync", self.config.mode == "sync")
-        reads = any(route.payload is not None for route in self.routes)
+        reads = any(route.payload is not None for route in self.routes) or any(
+            d.reads_payload for d in self.destinations
+        )
         object.__setattr__(self, "reads_payload", reads)
+
+    @property
+    def fans_out(self) -> bool:
+        """Whether the source names its destinations, each with a state of its own."""
+        return bool(self.destinations)
 
     def handlers_for(self, event_type: str | None) -> tuple[Handler, ...]:
         """The handlers to run for `event_type`, in configuration order (memoised)."""
@@ -104,6 +143,34 @@ class Pipeline:
             if route.payload is None or route.payload.matches(document)
         )
 
+    def runs_for_message(self, event_type: str | None, body: bytes) -> tuple[Run, ...]:
+        """The named destinations a message goes to, in configuration order: those whose
+        filter it passes and, for Python handlers, which of theirs it matches (a handler
+        destination none of whose handlers match is not one it goes to). The body is parsed
+        once, and only when a filter that the event type passes reads it."""
+        document: Any = None
+        parsed = False
+        runs: list[Run] = []
+        for destination in self.destinations:
+            if not destination.matches(event_type):
+                continue
+            if destination.reads_payload and not parsed:
+                document, parsed = parsed_payload(body), True
+            if destination.payload is not None and not destination.payload.matches(document):
+                continue
+            if destination.forward is not None:
+                runs.append(Run(destination))
+                continue
+            handlers = tuple(
+                route.handler
+                for route in destination.routes
+                if route.matches(event_type)
+                and (route.payload is None or route.payload.matches(document))
+            )
+            if handlers:
+                runs.append(Run(destination, handlers))
+        return tuple(runs)
+
 
 def import_handler(target: str) -> Handler:
     """The async function named by `module:function`, or ValueError saying what is wrong."""
@@ -123,8 +190,8 @@ def import_handler(target: str) -> Handler:
     return handler
 
 
-def build_pipeline(name: str, config: SourceConfig) -> Pipeline:
-    where = f"sources.{name}"
+def build_routes(where: str, config: SourceConfig | DestinationConfig) -> list[Route]:
+    """The handlers of a source (or of one of its destinations), imported."""
     routes: list[Route] = []
     for i, target in enumerate(config.handlers):
         try:
@@ -137,6 +204,44 @@ def build_pipeline(name: str, config: SourceConfig) -> Pipeline:
         except ValueError as exc:
             raise ConfigError(f"{where}.handler[{i}].target: {exc}") from None
         routes.append(Route(spec.target, handler, tuple(spec.event_types), spec.payload))
+    return routes
+
+
+def build_destination(where: str, name: str, config: DestinationConfig) -> Destination:
+    where = f"{where}.destinations.{name}"
+    routes = build_routes(where, config)
+    if routes and config.forward is not None:
+        raise ConfigError(
+            f"{where}: a destination either forwards or runs Python handlers, not both "
+            "(name two destinations)"
+        )
+    if not routes and config.forward is None:
+        raise ConfigError(
+            f"{where}: a destination needs Python handlers (handlers, [[handler]]) or a forward"
+        )
+    return Destination(
+        name, tuple(config.event_types), config.payload, tuple(routes), config.forward
+    )
+
+
+def build_pipeline(name: str, config: SourceConfig) -> Pipeline:
+    where = f"sources.{name}"
+    routes = build_routes(where, config)
+    if config.destinations:
+        if routes or config.forward is not None:
+            raise ConfigError(
+                f"{where}.destinations: a source names its destinations or has handlers and "
+                "a forward of its own, not both (move them into a destination)"
+            )
+        if config.mode == "sync":
+            raise ConfigError(
+                f"{where}.mode: sync mode runs one source's handlers in the request; "
+                "named destinations are async only"
+            )
+        destinations = tuple(
+            build_destination(where, key, value) for key, value in config.destinations.items()
+        )
+        return Pipeline(name, config, destinations=destinations)
     if config.forward is not None:
         if routes:
             raise ConfigError(

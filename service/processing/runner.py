@@ -23,7 +23,7 @@ from service.processing.handler_api import (
     InboxMessage,
 )
 from service.processing.pipeline import Pipeline
-from service.processing.policy import classify_failure, failed_attempt
+from service.processing.policy import Failure, classify_failure, failed_attempt
 from service.store.claims import (
     AttemptResult,
     MessageRow,
@@ -230,6 +230,85 @@ class BatchDeadline:
             await asyncio.gather(self._stopper, return_exceptions=True)
 
 
+async def apply_handlers(
+    session: HandlerSession,
+    savepoints: MessageSavepoints,
+    handlers: Sequence[Handler],
+    message: InboxMessage,
+    limit: float,
+    *,
+    isolated: bool = True,
+    deadline: BatchDeadline | None = None,
+    defer_flush: bool = False,
+) -> None:
+    """Run `handlers` on `message` within `limit` seconds and flush what they staged (unless
+    `defer_flush`); raise what failed. The caller has begun the message's savepoint (or, not
+    `isolated`, bounded the transaction's statements), and on a failure must `undo_handlers`.
+    """
+    clock = time.monotonic()
+    ctx = HandlerContext(session)
+    async with session_rollback_bound(session, isolated):
+        session._handler_running = True
+        try:
+            if deadline is None:
+                await run_within(limit, call_handlers(handlers, message, ctx), savepoints)
+            else:
+                await deadline.run(limit, call_handlers(handlers, message, ctx))
+        except DBAPIError as exc:
+            if sqlstate(exc) == QUERY_CANCELED:  # the savepoint's statement_timeout
+                raise timed_out(limit) from exc
+            raise
+        finally:
+            session._handler_running = False
+        if time.monotonic() - clock > limit:
+            # A handler that blocked the event loop (time.sleep, CPU work) past its limit:
+            # no timer could fire meanwhile, but the limit holds all the same.
+            raise timed_out(limit)
+        if session._commit_refused:
+            # The handler caught the error its commit() raised; its effects are still not
+            # ours to keep, since it believed they were committed on their own.
+            raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
+        if not defer_flush:
+            await flush_effects(session, savepoints)
+
+
+async def undo_handlers(
+    session: HandlerSession, savepoints: MessageSavepoints, *, isolated: bool = True
+) -> None:
+    """After a failure of `apply_handlers`: undo this message's effects only. close() forgets
+    the session's state and, joined as "rollback_only", does not touch the batch's transaction.
+    """
+    if isolated:
+        savepoints.rollback()
+    await session.close()
+    session.staged_rows.clear()
+
+
+def end_handlers(session: HandlerSession, deadline: BatchDeadline | None = None) -> None:
+    """After a message's handlers, whatever their outcome: the session as the next one needs it."""
+    session._commit_refused = False
+    if deadline is None and session.sync_session.identity_map:
+        session.expunge_all()
+
+
+def log_failure(
+    row: MessageRow, attempt: int, failure: Failure, destination: str | None = None
+) -> None:
+    extra: dict[str, object] = {
+        "source": row.source,
+        "message_id": row.message_id,
+        "id": row.id,
+        "attempt": attempt,
+        "error_type": failure.error_type,
+        "error": failure.error,
+        "next_status": failure.status,
+        "retry_in_s": failure.delay_seconds,
+    }
+    if destination is not None:
+        extra["destination"] = destination
+    log.warning("handler failed", extra=extra)
+
+
 async def run_handlers(
     session: HandlerSession,
     savepoints: MessageSavepoints,
@@ -259,7 +338,6 @@ async def run_handlers(
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
-    clock = time.monotonic()
     handlers = pipeline.handlers_for_message(row.event_type, row.body)
     if not handlers:
         return AttemptResult(
@@ -272,64 +350,31 @@ async def run_handlers(
             error=no_handler_note(row.event_type, by_payload=pipeline.reads_payload),
         ), None
     message = inbox_message(row, attempt)
-    ctx = HandlerContext(session)
     limit = pipeline.config.handler_timeout_seconds
     if isolated:
         await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
     else:
         await savepoints.limit_statements(math.ceil(limit * 1000))
     try:
-        async with session_rollback_bound(session, isolated):
-            session._handler_running = True
-            try:
-                if deadline is None:
-                    await run_within(limit, call_handlers(handlers, message, ctx), savepoints)
-                else:
-                    await deadline.run(limit, call_handlers(handlers, message, ctx))
-            except DBAPIError as exc:
-                if sqlstate(exc) == QUERY_CANCELED:  # the savepoint's statement_timeout
-                    raise timed_out(limit) from exc
-                raise
-            finally:
-                session._handler_running = False
-            if time.monotonic() - clock > limit:
-                # A handler that blocked the event loop (time.sleep, CPU work) past its limit:
-                # no timer could fire meanwhile, but the limit holds all the same.
-                raise timed_out(limit)
-            if session._commit_refused:
-                # The handler caught the error its commit() raised; its effects are still not
-                # ours to keep, since it believed they were committed on their own.
-                raise HandlerCommitError("the handler called commit() or rollback() on ctx.session")
-            if not defer_flush:
-                await flush_effects(session, savepoints)
+        await apply_handlers(
+            session,
+            savepoints,
+            handlers,
+            message,
+            limit,
+            isolated=isolated,
+            deadline=deadline,
+            defer_flush=defer_flush,
+        )
         if isolated:
             savepoints.release()  # kept by the batch's COMMIT
     except Exception as exc:
-        # This message's effects only; close() forgets the session's state and, joined as
-        # "rollback_only", does not touch the batch's transaction.
-        if isolated:
-            savepoints.rollback()
-        await session.close()
-        session.staged_rows.clear()
+        await undo_handlers(session, savepoints, isolated=isolated)
         failure = classify_failure(exc, attempt, pipeline.config, budget_start=row.budget_start)
-        log.warning(
-            "handler failed",
-            extra={
-                "source": row.source,
-                "message_id": row.message_id,
-                "id": row.id,
-                "attempt": attempt,
-                "error_type": failure.error_type,
-                "error": failure.error,
-                "next_status": failure.status,
-                "retry_in_s": failure.delay_seconds,
-            },
-        )
+        log_failure(row, attempt, failure)
         return failed_attempt(row.id, attempt, failure, started, datetime.now(UTC)), exc
     finally:
-        session._commit_refused = False
-        if deadline is None and session.sync_session.identity_map:
-            session.expunge_all()
+        end_handlers(session, deadline)
     return AttemptResult(
         row.id, attempt, Status.PROCESSED, "processed", started, datetime.now(UTC)
     ), None

@@ -82,6 +82,24 @@ class ForwardConfig(BaseModel):
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
 
 
+DESTINATION_NAME = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+
+
+class DestinationConfig(BaseModel):
+    """`[sources.X.destinations.NAME]`: one destination of a source's messages, with its own
+    filter and its own delivery state (attempts, status, dead letters). Either Python handlers
+    (`handlers`, `handler` entries; their effects commit with this destination's processed
+    mark) or `forward`, an HTTP endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_types: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    payload: PayloadFilter | None = None
+    handlers: list[HandlerTarget] = Field(default_factory=list)
+    handler: list[HandlerSpec] = Field(default_factory=list)
+    forward: ForwardConfig | None = None
+
+
 class SourceConfig(BaseModel):
     """Keys every kind accepts; a kind's module subclasses this with its own keys."""
 
@@ -101,6 +119,11 @@ class SourceConfig(BaseModel):
     handlers: list[HandlerTarget] = Field(default_factory=list)
     handler: list[HandlerSpec] = Field(default_factory=list)
     forward: ForwardConfig | None = None
+    # Named destinations, each with its own filter and state; instead of the three keys
+    # above, which are one destination without a name (checked in `build_pipeline`).
+    destinations: dict[Annotated[str, Field(pattern=DESTINATION_NAME)], DestinationConfig] = Field(
+        default_factory=dict
+    )
 
     def secret_values(self) -> list[bytes]:
         return [s.get_secret_value().encode() for s in self.secrets]

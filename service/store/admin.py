@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, TextClause, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -143,7 +143,7 @@ class MessageFilter:
         return clauses, params
 
 
-def _where_sql(clauses: Sequence[str]) -> str:
+def where_sql(clauses: Sequence[str]) -> str:
     return " AND ".join(clauses) if clauses else "TRUE"
 
 
@@ -161,7 +161,7 @@ async def list_messages(
         params.update(after_received_at=after.received_at, after_id=after.id)
     params["limit"] = limit + 1  # one more than asked tells whether another page exists
     query = text(
-        f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {_where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
+        f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
         "ORDER BY received_at DESC, id DESC LIMIT :limit"
     )
     async with translate_errors(), engine.connect() as conn:
@@ -180,8 +180,30 @@ GET_MESSAGE = text(
 GET_ATTEMPTS = text(
     """
     SELECT attempt, started_at, finished_at, outcome, error_type, error, traceback,
-           duration_ms, actor
+           duration_ms, actor, destination
       FROM inbox_attempts WHERE message_id = :id ORDER BY id
+    """
+)
+# Where a message stands with each named destination that has run for it (0010).
+GET_DESTINATIONS = text(
+    """
+    SELECT destination AS name, status, attempts, last_error, updated_at, processed_at
+      FROM inbox_destinations WHERE message_id = :id ORDER BY destination
+    """
+)
+# What a whole message's retry does to its named destinations: the unfinished ones run
+# again; a replay (of a processed message) runs every one again.
+RESET_PAIRS = text(
+    """
+    UPDATE inbox_destinations SET status = 'pending', updated_at = now(), processed_at = NULL
+     WHERE message_id = :id AND (status <> 'processed' OR :replay)
+    """
+)
+# And its discard: the destinations not processed are set aside with it.
+DISCARD_PAIRS = text(
+    """
+    UPDATE inbox_destinations SET status = 'discarded', updated_at = now()
+     WHERE message_id = :id AND status IN ('pending', 'retrying', 'dead')
     """
 )
 
@@ -193,8 +215,10 @@ async def get_message(engine: AsyncEngine, message_id: int) -> dict[str, Any]:
         if row is None:
             raise MessageNotFound(message_id)
         attempts = [dict(a._mapping) for a in await conn.execute(GET_ATTEMPTS, {"id": message_id})]
+        destinations = await conn.execute(GET_DESTINATIONS, {"id": message_id})
     message = dict(row._mapping)
     message["attempt_history"] = attempts
+    message["destinations"] = [dict(d._mapping) for d in destinations]
     return message
 
 
@@ -245,7 +269,8 @@ LOCK_WAIT = text("SET LOCAL lock_timeout = '2s'")
 LOCK_WAIT_ENDED = text("SET LOCAL lock_timeout TO DEFAULT")
 
 
-async def _lock(conn: AsyncConnection, message_id: int) -> tuple[str, int, str]:
+async def lock_message(conn: AsyncConnection, message_id: int) -> tuple[str, int, str]:
+    """Lock a message for an admin action: its status as shown, attempts and source."""
     await conn.execute(LOCK_WAIT)
     try:
         row = (await conn.execute(LOCK_MESSAGE, {"id": message_id})).one_or_none()
@@ -268,7 +293,7 @@ async def retry_message(
 ) -> tuple[dict[str, Any], str]:
     """Move one message back to `pending`; return the new row and the action recorded."""
     async with translate_errors(), engine.begin() as conn:
-        status, attempts, source = await _lock(conn, message_id)
+        status, attempts, source = await lock_message(conn, message_id)
         if status == Status.PROCESSED and not force:
             raise InvalidTransition(
                 status,
@@ -283,6 +308,7 @@ async def retry_message(
             )
         action = ADMIN_REPLAY if status == Status.PROCESSED else ADMIN_RETRY
         row = (await conn.execute(RESET_TO_PENDING, {"id": message_id})).one()
+        await conn.execute(RESET_PAIRS, {"id": message_id, "replay": action == ADMIN_REPLAY})
         await conn.execute(
             RECORD_ACTION,
             {"id": message_id, "attempt": attempts, "outcome": action, "actor": actor},
@@ -296,7 +322,7 @@ async def discard_message(
 ) -> tuple[dict[str, Any], bool]:
     """Set a message aside as `discarded`; the row (the dedup key) stays. Returns (row, changed)."""
     async with translate_errors(), engine.begin() as conn:
-        status, attempts, _ = await _lock(conn, message_id)
+        status, attempts, _ = await lock_message(conn, message_id)
         if status == Status.DISCARDED:
             row = (await conn.execute(GET_MESSAGE, {"id": message_id})).one()
             return dict(row._mapping), False
@@ -307,6 +333,7 @@ async def discard_message(
                 "can be discarded",
             )
         row = (await conn.execute(SET_DISCARDED, {"id": message_id})).one()
+        await conn.execute(DISCARD_PAIRS, {"id": message_id})
         await conn.execute(
             RECORD_ACTION,
             {"id": message_id, "attempt": attempts, "outcome": ADMIN_DISCARD, "actor": actor},
@@ -328,6 +355,36 @@ def bulk_statuses(filters: MessageFilter, force: bool) -> list[str]:
     return [s for s in STATUSES if s in asked and s in allowed]
 
 
+async def in_batches(
+    engine: AsyncEngine,
+    batch_sql: TextClause,
+    params: dict[str, Any],
+    last_id: int,
+    batch_size: int,
+) -> AsyncIterator[Row[Any]]:
+    """Run `batch_sql` (which picks up to `:batch` ids above `:after` and up to `:last_id`,
+    and answers `last`, `n` and `sources`) one committed transaction per batch, waking the
+    workers of the sources each touched; yield each batch's answer. Walking ids upwards to
+    the highest one matched when the walk began bounds the work: a replayed message that the
+    worker finishes again meanwhile is not picked a second time."""
+    after = 0
+    while True:
+        async with engine.begin() as conn:
+            batch = (
+                await conn.execute(
+                    batch_sql, {**params, "after": after, "last_id": last_id, "batch": batch_size}
+                )
+            ).one()
+            if not batch.n:
+                return
+            for source in batch.sources:
+                await conn.execute(NOTIFY, {"source": source})
+        yield batch
+        after = int(batch.last)
+        if batch.n < batch_size:
+            return
+
+
 async def bulk_retry(
     engine: AsyncEngine,
     filters: MessageFilter,
@@ -346,7 +403,7 @@ async def bulk_retry(
     # a batch in flight shows as `processing` (SHOWN_STATUS) and is left alone, as
     # `retry_message` refuses it.
     clauses, params = replace(filters, statuses=tuple(statuses)).where()
-    where = _where_sql(clauses)
+    where = where_sql(clauses)
     async with translate_errors():
         async with engine.connect() as conn:
             count_sql = text(f"SELECT count(*), max(id) FROM inbox_messages WHERE {where}")  # noqa: S608
@@ -354,8 +411,6 @@ async def bulk_retry(
         result.matched, last_id = int(counted[0]), counted[1]
         if dry_run or last_id is None:
             return result
-        # Walking ids upwards to the highest one matched now bounds the work: a replayed message
-        # that the worker finishes again meanwhile is not picked a second time.
         batch_sql = text(
             f"""
             WITH picked AS (
@@ -375,6 +430,14 @@ async def bulk_retry(
                  WHERE m.id = picked.id
                 RETURNING m.id
             ),
+            -- Named destinations: the unfinished ones run again, every one for a replay.
+            paired AS (
+                UPDATE inbox_destinations d
+                   SET status = 'pending', updated_at = now(), processed_at = NULL
+                  FROM picked
+                 WHERE d.message_id = picked.id
+                   AND (d.status <> 'processed' OR picked.old_status = 'processed')
+            ),
             recorded AS (
                 INSERT INTO inbox_attempts
                        (message_id, attempt, started_at, finished_at, outcome, actor)
@@ -390,33 +453,14 @@ async def bulk_retry(
               FROM picked
             """  # noqa: S608 - fixed clauses, bound values
         )
-        after = 0
-        while True:
-            async with engine.begin() as conn:
-                batch = (
-                    await conn.execute(
-                        batch_sql,
-                        {
-                            **params,
-                            "after": after,
-                            "last_id": last_id,
-                            "batch": batch_size,
-                            "actor": actor,
-                        },
-                    )
-                ).one()
-                if not batch.n:
-                    break
-                for source in batch.sources:
-                    await conn.execute(NOTIFY, {"source": source})
+        async for batch in in_batches(
+            engine, batch_sql, {**params, "actor": actor}, last_id, batch_size
+        ):
             result.retried += int(batch.n)
             result.by_action[ADMIN_REPLAY] = result.by_action.get(ADMIN_REPLAY, 0) + batch.replays
             result.by_action[ADMIN_RETRY] = (
                 result.by_action.get(ADMIN_RETRY, 0) + int(batch.n) - batch.replays
             )
-            after = int(batch.last)
-            if batch.n < batch_size:
-                break
     return result
 
 
@@ -516,7 +560,7 @@ async def dead_letter_groups(engine: AsyncEngine, filters: MessageFilter) -> lis
         WITH dead AS (
             SELECT id, source, received_at, last_error, ({LAST_ERROR_TYPE}) AS error_type
               FROM inbox_messages
-             WHERE {_where_sql(clauses)}
+             WHERE {where_sql(clauses)}
         )
         SELECT error_type, count(*) AS n, array_agg(DISTINCT source) AS sources,
                min(received_at) AS oldest, max(received_at) AS newest,

@@ -34,6 +34,27 @@ class MessageRow:
     # The delivery span's W3C trace context, for the attempt's span (None: none stored).
     trace_context: Mapping[str, str] | None = None
     budget_start: int = 0
+    # Of a source with named destinations: each destination that has run for the message,
+    # and its status (`load_destinations`); empty when none has.
+    destinations: dict[str, str] | None = None
+
+
+@dataclass(slots=True)
+class DestinationResult:
+    """How one named destination's part of an attempt ended."""
+
+    name: str
+    status: Status  # processed, retrying or dead
+    outcome: str
+    started_at: datetime
+    finished_at: datetime
+    error_type: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+    @property
+    def duration_ms(self) -> float:
+        return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
 
 
 @dataclass(slots=True)
@@ -52,6 +73,9 @@ class AttemptResult:
     traceback: str | None = None
     # The attempt never finished (its claim expired): the message's next attempt runs alone.
     unfinished: bool = False
+    # Of a source with named destinations, each destination the attempt ran: recorded as an
+    # attempt each (`record_destinations`), instead of one of the whole message.
+    destinations: list[DestinationResult] | None = None
 
     @property
     def duration_ms(self) -> float:
@@ -478,7 +502,7 @@ FINISH_ATTEMPTS = f"""
                    id bigint, status text, attempt int, expected int, delay float8,
                    last_error text, unfinished boolean, started_at timestamptz,
                    finished_at timestamptz, outcome text, error_type text, error text,
-                   traceback text, duration_ms float8)
+                   traceback text, duration_ms float8, per_destination boolean)
     ), finished AS (
         UPDATE inbox_messages AS m
            SET status = u.status,
@@ -495,17 +519,56 @@ FINISH_ATTEMPTS = f"""
            AND m.attempts = u.expected
            AND {BY_ID_STATUS} = ANY($2::text[])
      RETURNING m.id, u.attempt, u.started_at, u.finished_at, u.outcome, u.error_type,
-               u.error, u.traceback, u.duration_ms
+               u.error, u.traceback, u.duration_ms, u.per_destination
     ), released AS (
         DELETE FROM inbox_claims AS c USING finished WHERE c.message_id = finished.id
+    ), recorded AS (
+        INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
+                                    error_type, error, traceback, duration_ms, actor)
+        SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
+               duration_ms, $3
+          FROM finished
+         WHERE per_destination IS NOT TRUE
+    )
+    SELECT id FROM finished
+"""  # noqa: S608 - a fixed expression, no input
+
+# Each named destination an attempt ran, for the messages FINISH_ATTEMPTS updated ($2): its
+# row's status and attempts, and an attempt row naming it. In the batch's transaction, so a
+# destination's processed mark commits with its effects.
+RECORD_DESTINATIONS = """
+    WITH v AS (
+        SELECT *
+          FROM json_to_recordset($1::json) AS v(
+                   id bigint, attempt int, source text, destination text, status text,
+                   last_error text, started_at timestamptz, finished_at timestamptz,
+                   outcome text, error_type text, error text, traceback text,
+                   duration_ms float8)
+         WHERE v.id = ANY($2::bigint[])
+    ), marked AS (
+        INSERT INTO inbox_destinations AS d (message_id, destination, source, status,
+                                             attempts, last_error, updated_at, processed_at)
+        SELECT id, destination, source, status, 1, last_error, clock_timestamp(),
+               CASE WHEN status = 'processed' THEN clock_timestamp() END
+          FROM v
+            ON CONFLICT (message_id, destination) DO UPDATE
+           SET status = excluded.status, attempts = d.attempts + 1,
+               last_error = excluded.last_error, updated_at = excluded.updated_at,
+               processed_at = excluded.processed_at
     )
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
-                                error_type, error, traceback, duration_ms, actor)
+                                error_type, error, traceback, duration_ms, actor, destination)
     SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
-           duration_ms, $3
-      FROM finished
-    RETURNING message_id
-"""  # noqa: S608 - a fixed expression, no input
+           duration_ms, $3, destination
+      FROM v
+"""
+
+# Where each of a batch's messages stands with the destinations that have run for it.
+LOAD_DESTINATIONS = """
+    SELECT message_id, destination, status
+      FROM inbox_destinations
+     WHERE message_id = ANY($1::bigint[])
+"""
 
 UNLEASED = [status.value for status in DUE]
 LEASED = [Status.PROCESSING.value]
@@ -535,16 +598,69 @@ def _outcome(r: AttemptResult, leased: bool) -> dict[str, object]:
         "error": error,
         "traceback": storable(r.traceback),
         "duration_ms": r.duration_ms,
+        "per_destination": r.destinations is not None,
     }
 
 
+def destinations_document(results: Sequence[AttemptResult], sources: Mapping[int, str]) -> str:
+    """The destinations of `results` as RECORD_DESTINATIONS reads them."""
+    return orjson.dumps(
+        [
+            {
+                "id": r.id,
+                "attempt": r.attempt,
+                "source": sources[r.id],
+                "destination": d.name,
+                "status": d.status,
+                "last_error": None
+                if d.status == Status.PROCESSED
+                else last_error_line(storable(d.error_type), storable(d.error)),
+                "started_at": d.started_at,
+                "finished_at": d.finished_at,
+                "outcome": d.outcome,
+                "error_type": storable(d.error_type),
+                "error": storable(d.error),
+                "traceback": storable(d.traceback),
+                "duration_ms": d.duration_ms,
+            }
+            for r in results
+            for d in r.destinations or ()
+        ]
+    ).decode()
+
+
 async def _finish(
-    driver: asyncpg.Connection, results: Sequence[AttemptResult], actor: str, leased: bool
+    driver: asyncpg.Connection,
+    results: Sequence[AttemptResult],
+    actor: str,
+    leased: bool,
+    sources: Mapping[int, str] | None = None,
 ) -> set[int]:
     rows = await driver.fetch(
         FINISH_ATTEMPTS, outcomes_document(results, leased), LEASED if leased else UNLEASED, actor
     )
-    return {row[0] for row in rows}
+    finished = {row[0] for row in rows}
+    fanned = [r for r in results if r.destinations and r.id in finished]
+    if fanned:
+        if sources is None:
+            raise RuntimeError("recording destinations needs each message's source")
+        await driver.execute(
+            RECORD_DESTINATIONS, destinations_document(fanned, sources), list(finished), actor
+        )
+    return finished
+
+
+async def load_destinations(conn: AsyncConnection, rows: Sequence[MessageRow]) -> None:
+    """Set each row's `destinations`: the named destinations that have run for it, and where
+    each stands. In the batch's transaction, which holds the rows locked."""
+    if not rows:
+        return
+    states: dict[int, dict[str, str]] = {row.id: {} for row in rows}
+    driver = await _driver(conn)
+    for record in await driver.fetch(LOAD_DESTINATIONS, list(states)):
+        states[record[0]][record[1]] = record[2]
+    for row in rows:
+        row.destinations = states[row.id]
 
 
 async def finish_attempts(
@@ -554,6 +670,7 @@ async def finish_attempts(
     *,
     leased: bool = False,
     savepoints: MessageSavepoints | None = None,
+    sources: Mapping[int, str] | None = None,
 ) -> set[int]:
     """Write `results` in `conn`'s transaction; the ids actually updated (a lost lease is left
     out). The transaction must have begun on the server (a statement ran in it already): the
@@ -563,7 +680,8 @@ async def finish_attempts(
     otherwise the rows were inserted by this transaction (sync mode) or locked by it
     (`lock_due`, their attempts counted as claims), and the attempt counts now.
     `savepoints`: the batch's, whose pending commands are sent first, in the same round trip
-    as BY_ID_PLANS (which stays set: the transaction must end after this).
+    as BY_ID_PLANS (which stays set: the transaction must end after this). `sources`: each
+    message's source, by id, needed when a result names destinations.
     """
     if savepoints is not None:
         savepoints.defer(BY_ID_PLANS)
@@ -575,7 +693,7 @@ async def finish_attempts(
         return set()
     if savepoints is None:
         await driver.execute(BY_ID_PLANS)
-    return await _finish(driver, results, actor, leased)
+    return await _finish(driver, results, actor, leased, sources)
 
 
 def storable(text: str | None) -> str | None:

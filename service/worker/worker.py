@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service.core.metrics import Metrics
 from service.core.settings import Settings
 from service.processing.attempt_spans import in_attempt_span
+from service.processing.fanout import run_destinations
 from service.processing.forward import forward_message_traced, lease_seconds
 from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
@@ -38,6 +39,7 @@ from service.store.claims import (
     expired_leases,
     finish_attempts,
     hold_claimed,
+    load_destinations,
     lock_due,
     record_claims,
     record_results,
@@ -421,8 +423,13 @@ class Worker:
         self._isolate_until[source] = time.monotonic() + ISOLATE_AFTER_FAILURE_SECONDS
 
     def _isolating(self, rows: list[MessageRow]) -> bool:
+        """Whether a batch of `rows` runs with a savepoint per message: after a failure of one
+        of their sources, and always for named destinations (a savepoint each)."""
         now = time.monotonic()
-        return any(self._isolate_until.get(row.source, 0.0) > now for row in rows)
+        return any(
+            self._isolate_until.get(row.source, 0.0) > now or self.pipelines[row.source].fans_out
+            for row in rows
+        )
 
     async def _hold(
         self, conn: AsyncConnection, claimed: _Claimed
@@ -497,6 +504,8 @@ class Worker:
             if isolated is None:
                 isolated = self._isolating(rows)
                 defer_flush = defer_flush and not isolated
+            fanning = [row for row in rows if self.pipelines[row.source].fans_out]
+            await load_destinations(conn, fanning)
             async with handler_scope(conn) as (session, savepoints):
                 # Sorts left off by lock_due, plans by id by hold_claimed (or a no-op).
                 savepoints.defer(RESTORE_PLANS)
@@ -518,15 +527,19 @@ class Worker:
                             results.append(failed[1])
                             continue
                         pipeline = self.pipelines[row.source]
-                        run = run_handlers(
-                            session,
-                            savepoints,
-                            pipeline,
-                            row,
-                            isolated=isolated,
-                            deadline=deadline,
-                            defer_flush=defer_flush,
-                        )
+                        if pipeline.fans_out:
+                            assert self._http is not None
+                            run = run_destinations(session, savepoints, pipeline, row, self._http)
+                        else:
+                            run = run_handlers(
+                                session,
+                                savepoints,
+                                pipeline,
+                                row,
+                                isolated=isolated,
+                                deadline=deadline,
+                                defer_flush=defer_flush,
+                            )
                         result, exc = await in_attempt_span(run, pipeline, row)
                         if exc is not None and not isolated:
                             raise _OptimisticRunFailed(row, result)
@@ -542,7 +555,12 @@ class Worker:
                 if defer_flush:
                     await self._flush_staged(session, savepoints)
                 await finish_attempts(
-                    conn, results, self.actor, leased=claimed.leased, savepoints=savepoints
+                    conn,
+                    results,
+                    self.actor,
+                    leased=claimed.leased,
+                    savepoints=savepoints,
+                    sources={row.id: row.source for row in fanning},
                 )
         # Committed: effects and processed marks together.
         if abandoned:

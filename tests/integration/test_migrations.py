@@ -49,6 +49,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_claims",
             "inbox_receipts",
             "inbox_alert_watermarks",
+            "inbox_destinations",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None
