@@ -24,7 +24,21 @@ ADMIN_ROUTES = [
     ("GET", "/admin/stats/activity"),
     ("GET", "/admin/sources"),
     ("POST", "/admin/prune"),
+    ("GET", "/admin/destinations"),
+    ("POST", "/admin/messages/1/destinations/billing/retry"),
+    ("POST", "/admin/messages/1/destinations/billing/discard"),
+    ("POST", "/admin/sources/hooks/destinations/billing/replay"),
 ]
+
+
+def route_template(path: str) -> str:
+    """An ADMIN_ROUTES path as OpenAPI writes it: `/admin/messages/{id}/destinations/{name}`."""
+    return (
+        path.replace("/1", "/{id}")
+        .replace("/destinations/billing/", "/destinations/{name}/")
+        .replace("/sources/hooks/", "/sources/{source}/")
+    )
+
 
 CONFIG: dict[str, Any] = {
     "sources": {
@@ -39,6 +53,15 @@ CONFIG: dict[str, Any] = {
             "kind": "generic",
             "id_header": "X-Message-Id",
             "handlers": ["tests.handlers:record"],
+        },
+        # Named destinations, for the routes over them.
+        "routed": {
+            "kind": "generic",
+            "id_header": "X-Message-Id",
+            "destinations": {
+                "billing": {"handlers": ["tests.handlers:record_billing"]},
+                "warehouse": {"forward": {"url": "http://127.0.0.1:9/warehouse"}},
+            },
         },
     }
 }

@@ -345,6 +345,12 @@ async def record_warehouse(message: InboxMessage, ctx: HandlerContext) -> None:
     await _record_as("warehouse", message, ctx)
 
 
+async def record_billing_slowly(message: InboxMessage, ctx: HandlerContext) -> None:
+    """`record_billing`, 10 ms a message: a kill lands inside a batch (as `record_slowly`)."""
+    await asyncio.sleep(0.01)
+    await _record_as("billing", message, ctx)
+
+
 async def record_disputes_failing_three_times(message: InboxMessage, ctx: HandlerContext) -> None:
     """Stages its effect, then fails on the message's first three attempts."""
     await _record_as("disputes", message, ctx)

@@ -25,7 +25,13 @@ from service.processing.runner import (
     log_failure,
     undo_handlers,
 )
-from service.store.claims import AttemptResult, DestinationResult, MessageRow, MessageSavepoints
+from service.store.claims import (
+    AttemptResult,
+    DestinationResult,
+    MessageRow,
+    MessageSavepoints,
+    last_error_line,
+)
 
 # The destination statuses after which a destination does not run again unless an operator
 # retries or replays it.
@@ -141,7 +147,9 @@ async def run_destinations(
         started,
         datetime.now(UTC),
         delay_seconds=min(delays, default=0.0) if status == Status.RETRYING else None,
-        error_type=None if failed is None else failed.error_type,
-        error=None if failed is None else f"destination {failed.name}: {failed.error}",
+        # The message's last_error names the destination: "destination x: Type: message".
+        error=None
+        if failed is None
+        else f"destination {failed.name}: {last_error_line(failed.error_type, failed.error)}",
         destinations=results,
     ), first_failure

@@ -8,6 +8,7 @@ one of them is to run again.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -72,12 +73,41 @@ RECORD_PAIR_ACTION = text(
 )
 
 
+class UnknownDestination(Exception):
+    """The message's source has no such destination, nor has one of that name run for it."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+def check_known(
+    known: Mapping[str, Collection[str]],
+    source: str,
+    message_id: int,
+    destination: str,
+    pair: str | None,
+) -> None:
+    if pair is None and destination not in known.get(source, ()):
+        names = ", ".join(sorted(known.get(source, ()))) or "none"
+        raise UnknownDestination(
+            f"message {message_id}'s source {source} has no destination {destination} "
+            f"(its destinations: {names})"
+        )
+
+
 async def retry_destination(
-    engine: AsyncEngine, message_id: int, destination: str, actor: str, force: bool
+    engine: AsyncEngine,
+    message_id: int,
+    destination: str,
+    actor: str,
+    force: bool,
+    known: Mapping[str, Collection[str]],
 ) -> tuple[dict[str, Any], str]:
     """Run one destination of a message again: a retry of a retrying, dead or discarded pair,
     a replay (`force`) of a processed one or of one that never ran for the message. The
-    message goes back to `pending` with a fresh attempt budget; its other pairs stay."""
+    message goes back to `pending` with a fresh attempt budget; its other pairs stay.
+    `known`: each source's configured destinations."""
     async with translate_errors(), engine.begin() as conn:
         status, attempts, source = await lock_message(conn, message_id)
         if status == Status.PROCESSING:
@@ -88,6 +118,7 @@ async def retry_destination(
         pair = (
             await conn.execute(PAIR_STATUS, {"id": message_id, "destination": destination})
         ).scalar()
+        check_known(known, source, message_id, destination, pair)
         if pair in (None, Status.PROCESSED) and not force:
             done = "is processed" if pair is not None else "has not run for it"
             raise InvalidTransition(
@@ -115,14 +146,19 @@ async def retry_destination(
 
 
 async def discard_destination(
-    engine: AsyncEngine, message_id: int, destination: str, actor: str
+    engine: AsyncEngine,
+    message_id: int,
+    destination: str,
+    actor: str,
+    known: Mapping[str, Collection[str]],
 ) -> tuple[dict[str, Any], bool]:
     """Set one destination of a message aside; the message's status is summarised again.
     Returns (the message's row, whether anything changed)."""
     async with translate_errors(), engine.begin() as conn:
-        status, attempts, _ = await lock_message(conn, message_id)
+        status, attempts, source = await lock_message(conn, message_id)
         ids = {"id": message_id, "destination": destination}
         pair = (await conn.execute(PAIR_STATUS, ids)).scalar()
+        check_known(known, source, message_id, destination, pair)
         if pair == Status.DISCARDED:
             return dict((await conn.execute(GET_MESSAGE, {"id": message_id})).one()._mapping), False
         if pair not in (Status.PENDING, Status.RETRYING, Status.DEAD):

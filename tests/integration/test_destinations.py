@@ -8,6 +8,8 @@ from typing import Any
 
 import asyncpg
 
+from tests import handlers
+from tests.admin_seed import AUTH, TOKEN
 from tests.conftest import AppFactory
 from tests.processing_helpers import delivery, source, wait_until
 
@@ -73,3 +75,162 @@ async def test_a_failing_destination_is_retried_alone_and_every_effect_applies_o
         ("disputes", 4, "processed"),
     ]
     assert await db.fetchval("SELECT attempts FROM inbox_messages") == 4
+
+
+DISPUTES_UNLESS_DOWN = {"handlers": ["tests.handlers:record_disputes_unless_down"]}
+
+
+async def message_row_id(db: asyncpg.Connection, message_id: str) -> int:
+    row_id: int = await db.fetchval(
+        "SELECT id FROM inbox_messages WHERE message_id = $1", message_id
+    )
+    return row_id
+
+
+async def test_a_dead_destination_is_retried_alone_from_the_admin_api(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    config = fanned(billing=BILLING, disputes=DISPUTES_UNLESS_DOWN, warehouse=WAREHOUSE)
+    config["sources"]["hooks"]["max_attempts"] = 2
+    handlers.state["disputes_down"] = True
+    try:
+        async with worker_for(config, admin_tokens=[TOKEN]) as client:
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-1"))
+            await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+            row_id = await message_row_id(db, "m-1")
+            detail = (await client.get(f"/admin/messages/{row_id}", headers=AUTH)).json()
+            assert [(d["name"], d["status"], d["attempts"]) for d in detail["destinations"]] == [
+                ("billing", "processed", 1),
+                ("disputes", "dead", 2),
+                ("warehouse", "processed", 1),
+            ]
+            assert detail["last_error"].startswith("destination disputes: RuntimeError")
+            counts = (await client.get("/admin/destinations", headers=AUTH)).json()
+            assert {d["destination"]: d["counts"] for d in counts["destinations"]} == {
+                "billing": {"processed": 1},
+                "disputes": {"dead": 1},
+                "warehouse": {"processed": 1},
+            }
+
+            handlers.state["disputes_down"] = False
+            unknown = await client.post(
+                f"/admin/messages/{row_id}/destinations/nowhere/retry", headers=AUTH
+            )
+            done = await client.post(
+                f"/admin/messages/{row_id}/destinations/billing/retry", headers=AUTH
+            )
+            retried = await client.post(
+                f"/admin/messages/{row_id}/destinations/disputes/retry", headers=AUTH
+            )
+            assert retried.status_code == 200, retried.text
+            assert retried.json()["action"] == "admin_retry"
+            await wait_until(db, "SELECT status FROM inbox_messages", "processed")
+    finally:
+        handlers.state.pop("disputes_down", None)
+    assert unknown.status_code == 404
+    assert "has no destination nowhere" in unknown.json()["detail"]
+    assert done.status_code == 409  # processed: a replay needs force
+    assert await effects_by(db) == [
+        ("m-1", "billing", 1),
+        ("m-1", "disputes", 3),
+        ("m-1", "warehouse", 1),
+    ]
+    assert await destination_states(db, "m-1") == {
+        "billing": ("processed", 1),
+        "disputes": ("processed", 3),
+        "warehouse": ("processed", 1),
+    }
+    history = await destination_attempts(db, "m-1")
+    assert history[-2:] == [("disputes", 2, "admin_retry"), ("disputes", 3, "processed")]
+
+
+async def test_a_destination_added_later_gets_older_messages_only_when_replayed_to_it(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    async with worker_for(fanned(billing=BILLING)) as client:
+        for i in range(3):
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery(f"old-{i}"))
+        await wait_until(db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 3)
+    config = fanned(billing=BILLING, warehouse=WAREHOUSE)
+    async with worker_for(config, admin_tokens=[TOKEN]) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("new"))
+        await wait_until(db, "SELECT count(*) FROM effects", 5)
+        path = "/admin/sources/hooks/destinations/warehouse/replay"
+        dry = await client.post(path, json={"dry_run": True}, headers=AUTH)
+        before = await client.post(
+            path,
+            json={"received_before": "2000-01-01T00:00:00Z", "dry_run": True},
+            headers=AUTH,
+        )
+        missing = await client.post(
+            "/admin/sources/hooks/destinations/nowhere/replay", json={}, headers=AUTH
+        )
+        bad = await client.post(path, json={"received_before": 1700000000}, headers=AUTH)
+        assert await effects_by(db) == [
+            ("new", "billing", 1),
+            ("new", "warehouse", 1),
+            ("old-0", "billing", 1),
+            ("old-1", "billing", 1),
+            ("old-2", "billing", 1),
+        ]
+        real = await client.post(
+            path, json={"status": ["processed"], "event_type": "order.*"}, headers=AUTH
+        )
+        await wait_until(db, "SELECT count(*) FROM effects", 9)
+        await wait_until(db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 4)
+    assert dry.json() == {"matched": 4, "retried": 0}
+    assert before.json() == {"matched": 0, "retried": 0}
+    assert missing.status_code == 404
+    assert bad.status_code == 422
+    assert real.json() == {"matched": 4, "retried": 4}
+    by = await effects_by(db)
+    # Each old message got warehouse once; billing did not run again; `new` had both once
+    # and its warehouse replay is a second, asked-for run.
+    assert [e for e in by if e[1] == "billing"] == [
+        ("new", "billing", 1),
+        ("old-0", "billing", 1),
+        ("old-1", "billing", 1),
+        ("old-2", "billing", 1),
+    ]
+    assert sorted(e[0] for e in by if e[1] == "warehouse") == [
+        "new",
+        "new",
+        "old-0",
+        "old-1",
+        "old-2",
+    ]
+
+
+async def test_discarding_the_dead_destination_sets_the_message_aside_and_nothing_else(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    config = fanned(billing=BILLING, disputes={"handlers": ["tests.handlers:always_fail"]})
+    config["sources"]["hooks"]["max_attempts"] = 1
+    async with worker_for(config, admin_tokens=[TOKEN]) as client:
+        await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-1"))
+        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+        row_id = await message_row_id(db, "m-1")
+        processed = await client.post(
+            f"/admin/messages/{row_id}/destinations/billing/discard", headers=AUTH
+        )
+        discarded = await client.post(
+            f"/admin/messages/{row_id}/destinations/disputes/discard", headers=AUTH
+        )
+        again = await client.post(
+            f"/admin/messages/{row_id}/destinations/disputes/discard", headers=AUTH
+        )
+        # The whole message's retry runs what is not processed: disputes, not billing.
+        retried = await client.post(f"/admin/messages/{row_id}/retry", headers=AUTH)
+        await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+    assert processed.status_code == 409
+    assert (discarded.json()["status"], discarded.json()["action"]) == (
+        "discarded",
+        "admin_discard",
+    )
+    assert again.json()["action"] == "none"
+    assert retried.json()["action"] == "admin_retry"
+    assert await destination_states(db, "m-1") == {
+        "billing": ("processed", 1),
+        "disputes": ("dead", 2),
+    }
+    assert [e[1] for e in await effects_by(db)] == ["billing"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.api.security import matching_token, token_fingerprint
-from tests.admin_seed import ADMIN_ROUTES
+from tests.admin_seed import ADMIN_ROUTES, route_template
 
 
 def test_admin_routes_cover_the_openapi_admin_paths() -> None:
@@ -17,7 +17,7 @@ def test_admin_routes_cover_the_openapi_admin_paths() -> None:
         if path.startswith("/admin")
         for method in operations
     }
-    assert documented == {(m, p.replace("/1", "/{id}")) for m, p in ADMIN_ROUTES}
+    assert documented == {(m, route_template(p)) for m, p in ADMIN_ROUTES}
     for path, operations in spec["paths"].items():
         if path.startswith("/admin"):
             for operation in operations.values():

@@ -260,17 +260,25 @@ async def discard_message(state: StateDep, admin: AdminDep, id: MessageIdPath) -
     return acted(state, admin, store.ADMIN_DISCARD if changed else "none", row)
 
 
-def acted(state: AppState, admin: Admin, action: str, row: Mapping[str, Any]) -> RetryResult:
-    """Count and log an admin action on one message (unless it was "none"), and answer it."""
+def acted(
+    state: AppState,
+    admin: Admin,
+    action: str,
+    row: Mapping[str, Any],
+    *,
+    destination: str | None = None,
+) -> RetryResult:
+    """Count and log an admin action on one message, or on one of its destinations (unless it
+    was "none"), and answer it."""
     if action != "none":
         state.metrics.admin_actions.labels(action).inc()
-        log.info(
-            action,
-            extra={
-                "actor": admin.actor,
-                "id": row["id"],
-                "source": row["source"],
-                "message_id": row["message_id"],
-            },
-        )
+        extra = {
+            "actor": admin.actor,
+            "id": row["id"],
+            "source": row["source"],
+            "message_id": row["message_id"],
+        }
+        if destination is not None:
+            extra["destination"] = destination
+        log.info(action, extra=extra)
     return RetryResult.model_validate({**row, "attempt_count": row["attempts"], "action": action})

@@ -167,6 +167,24 @@ class Attempt(BaseModel):
         "used (`token:` and a SHA-256 prefix, never the token), prefixed `console:` when it "
         "was taken in the web console; for an attempt, the worker (`worker:host:pid`)."
     )
+    destination: str | None = Field(
+        default=None,
+        description="The named destination this attempt ran or this action was taken on; "
+        "null for a source without named destinations, and for the whole message.",
+    )
+
+
+class DestinationState(BaseModel):
+    """Where a message stands with one named destination of its source."""
+
+    name: str = Field(description="The destination's name (`[sources.X.destinations.NAME]`).")
+    status: Status = Field(
+        description="`pending` (to run), `retrying`, `processed`, `dead` or `discarded`."
+    )
+    attempts: int = Field(description="Attempts this destination has made for the message.")
+    last_error: str | None = Field(description="The error of its latest failed attempt.")
+    updated_at: datetime = Field(description="When its state last changed.")
+    processed_at: datetime | None = Field(description="When its effects committed, if they did.")
 
 
 class MessageDetail(MessageSummary):
@@ -187,6 +205,12 @@ class MessageDetail(MessageSummary):
         default=None, description="The raw body in base64, when it is not JSON."
     )
     attempts: list[Attempt] = Field(description="Attempts and admin actions, oldest first.")
+    destinations: list[DestinationState] = Field(
+        default_factory=list,
+        description="Of a source with named destinations: each destination that has run for "
+        "the message (or been replayed to), by name; the message's `status` summarises them. "
+        "Empty for a source without named destinations.",
+    )
     trace_id: str | None = Field(
         default=None,
         description="The W3C trace id of the delivery's trace (32 hex digits), to look the "
@@ -224,6 +248,30 @@ class BulkRetryRequest(MessageFilters):
     )
     force: bool = Field(
         default=False, description="Allow replaying `processed` messages named in `status`."
+    )
+    dry_run: bool = Field(default=False, description="Only count the matching messages.")
+
+
+class DestinationReplayRequest(BaseModel):
+    """Which of the source's messages to replay to one destination, and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: list[Status] = Field(
+        default_factory=list,
+        description="Only messages in these statuses; default every status but `processing` "
+        "(a message in flight is never taken).",
+    )
+    event_type: EventTypeGlob | None = Field(
+        default=None, description="Only this event type; `*` and `?` are wildcards."
+    )
+    received_after: Timestamp | None = Field(
+        default=None,
+        description="Only messages first received at or after this ISO 8601 time (no offset: UTC).",
+    )
+    received_before: Timestamp | None = Field(
+        default=None,
+        description="Only messages first received before this ISO 8601 time (no offset: UTC).",
     )
     dry_run: bool = Field(default=False, description="Only count the matching messages.")
 
@@ -270,6 +318,30 @@ class ForwardInfo(BaseModel):
     timeout_seconds: float = Field(description="Timeout of one forwarding request.")
 
 
+class DestinationInfo(BaseModel):
+    name: str = Field(description="The destination's name.")
+    event_types: list[str] = Field(description="Event type globs it receives.")
+    payload_filter: bool = Field(description="Whether it has a payload filter too.")
+    handlers: list[HandlerInfo] = Field(description="Its Python handlers, if it runs any.")
+    forward: ForwardInfo | None = Field(description="Its HTTP endpoint, if it forwards.")
+
+
+class DestinationStats(BaseModel):
+    source: str = Field(description="The source.")
+    destination: str = Field(description="The destination's name.")
+    counts: dict[str, int] = Field(
+        description="(message, destination) pairs by status; statuses with none omitted."
+    )
+    total: int = Field(description="All of the destination's pairs.")
+
+
+class DestinationStatsList(BaseModel):
+    destinations: list[DestinationStats] = Field(
+        description="Every configured destination, and any other that has pairs stored, by "
+        "source and name."
+    )
+
+
 class SourceInfo(BaseModel):
     """A configured source, without any secret."""
 
@@ -279,6 +351,11 @@ class SourceInfo(BaseModel):
     max_attempts: int = Field(description="Attempts before a message becomes dead.")
     handlers: list[HandlerInfo] = Field(description="Python handlers run for each message.")
     forward: ForwardInfo | None = Field(description="The HTTP destination, if any.")
+    destinations: list[DestinationInfo] = Field(
+        default_factory=list,
+        description="Its named destinations, in configuration order (instead of `handlers` "
+        "and `forward`).",
+    )
     redelivery_days: float = Field(
         description="How long the kind's senders may redeliver: retention never prunes sooner."
     )

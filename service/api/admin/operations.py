@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.api.admin.models import (
     Activity,
     ActivityQuery,
+    DestinationInfo,
     ForwardInfo,
     HandlerInfo,
     MinuteActivity,
@@ -24,6 +25,7 @@ from service.api.admin.models import (
 from service.api.state import StateDep
 from service.core.schema import UNFINISHED
 from service.sources.base import AnySource
+from service.sources.config import DestinationConfig, ForwardConfig, SourceConfig
 from service.store import admin as store
 from service.store.counts import ProcessedCounts, status_counts
 from service.worker.retention import prune
@@ -89,25 +91,39 @@ def without_password(url: str) -> str:
     return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
 
 
-def describe(source: AnySource) -> SourceInfo:
-    config = source.config
+def handler_infos(config: SourceConfig | DestinationConfig) -> list[HandlerInfo]:
     handlers = [HandlerInfo(target=t, event_types=["*"]) for t in config.handlers]
-    handlers += [
+    return handlers + [
         HandlerInfo(target=h.target, event_types=list(h.event_types)) for h in config.handler
     ]
-    forward = None
-    if config.forward is not None:
-        forward = ForwardInfo(
-            url=without_password(config.forward.url),
-            timeout_seconds=config.forward.timeout_seconds,
+
+
+def forward_info(forward: ForwardConfig | None) -> ForwardInfo | None:
+    if forward is None:
+        return None
+    return ForwardInfo(url=without_password(forward.url), timeout_seconds=forward.timeout_seconds)
+
+
+def describe(source: AnySource) -> SourceInfo:
+    config = source.config
+    destinations = [
+        DestinationInfo(
+            name=name,
+            event_types=list(d.event_types),
+            payload_filter=d.payload is not None,
+            handlers=handler_infos(d),
+            forward=forward_info(d.forward),
         )
+        for name, d in config.destinations.items()
+    ]
     return SourceInfo(
         name=source.name,
         kind=source.kind,
         mode=config.mode,
         max_attempts=config.max_attempts,
-        handlers=handlers,
-        forward=forward,
+        handlers=handler_infos(config),
+        forward=forward_info(config.forward),
+        destinations=destinations,
         redelivery_days=source.redelivery_days,
     )
 
