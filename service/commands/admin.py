@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.api.admin.destinations import collect_destination_stats, configured_of
 from service.api.admin.messages import detail_from_row, to_filter
 from service.api.admin.models import (
     BulkRetryRequest,
@@ -27,6 +28,7 @@ from service.api.admin.models import (
     DeadLetterGroup,
     DeadLetterGroups,
     DeadLetterQuery,
+    DestinationReplayRequest,
     MessageQuery,
     MessageSummary,
     RetryResult,
@@ -35,9 +37,17 @@ from service.api.admin.operations import collect_stats
 from service.commands.database import operator_engine, operator_settings
 from service.commands.outcome import CommandError, Exit
 from service.commands.output import print_json
-from service.commands.views import describe_detail, groups_table, stats_table, summary_table
+from service.commands.send import load_sources
+from service.commands.views import (
+    describe_detail,
+    destinations_table,
+    groups_table,
+    stats_table,
+    summary_table,
+)
 from service.core.schema import Status
 from service.store import admin as store
+from service.store import destinations
 from service.store.admin import MessageFilter, Position
 
 
@@ -160,12 +170,30 @@ async def acting(action: Coroutine[Any, Any, Any]) -> Any:
     except store.InvalidTransition as exc:
         detail = exc.detail.replace('send {"force": true} to do that', "use `replay` for that")
         raise CommandError(detail, Exit.FAILED) from None
+    except destinations.UnknownDestination as exc:
+        raise CommandError(exc.detail, Exit.FAILED) from None
 
 
 async def apply_change(
-    engine: AsyncEngine, name: str, message_id: int, who: str
+    engine: AsyncEngine,
+    name: str,
+    message_id: int,
+    who: str,
+    destination: str | None = None,
+    known: dict[str, list[str]] | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """Retry, replay or discard one message; the row after it and the action recorded."""
+    """Retry, replay or discard one message, or one of its destinations (`known`: each
+    source's); the row after it and the action recorded."""
+    if destination is not None:
+        known = known or {}
+        if name == "discard":
+            row, changed = await destinations.discard_destination(
+                engine, message_id, destination, who, known
+            )
+            return row, store.ADMIN_DISCARD if changed else "none"
+        return await destinations.retry_destination(
+            engine, message_id, destination, who, name == "replay", known
+        )
     if name == "discard":
         row, changed = await store.discard_message(engine, message_id, who)
         return row, store.ADMIN_DISCARD if changed else "none"
@@ -174,17 +202,23 @@ async def apply_change(
 
 async def change_message(args: argparse.Namespace, name: str) -> Exit:
     settings = operator_settings()
+    known = configured_of(load_sources(settings)) if args.destination else None
     async with operator_engine(settings) as engine:
-        row, action = await acting(apply_change(engine, name, args.id, actor()))
+        row, action = await acting(
+            apply_change(engine, name, args.id, actor(), args.destination, known)
+        )
     result = RetryResult.model_validate({**row, "attempt_count": row["attempts"], "action": action})
     if args.json:
         print_json(result)
     elif action == "none":
-        print(f"message {result.id} was already discarded; nothing changed")
+        what = "" if args.destination is None else f"'s destination {args.destination}"
+        print(f"message {result.id}{what} was already discarded; nothing changed")
     else:
+        what = "" if args.destination is None else f" destination {args.destination}"
+        now = "now" if args.destination is None else "message now"
         print(
-            f"message {result.id} ({result.source} {result.message_id}): {action}, "
-            f"now {result.status.value}"
+            f"message {result.id} ({result.source} {result.message_id}){what}: {action}, "
+            f"{now} {result.status.value}"
         )
     return Exit.OK
 
@@ -225,4 +259,55 @@ async def bulk_retry(args: argparse.Namespace) -> Exit:
         print(f"{result.matched} messages match; run again without --dry-run to retry them")
     else:
         print(f"{result.matched} messages matched, {result.retried} retried")
+    return Exit.OK
+
+
+async def replay_to_destination(args: argparse.Namespace) -> Exit:
+    request = validated(
+        DestinationReplayRequest,
+        {
+            "status": args.status,
+            "event_type": args.event_type,
+            "received_after": args.received_after,
+            "received_before": args.received_before,
+            "dry_run": args.dry_run,
+        },
+    )
+    settings = operator_settings()
+    if args.destination not in configured_of(load_sources(settings)).get(args.source, []):
+        raise CommandError(
+            f"source {args.source} has no destination {args.destination}", Exit.FAILED
+        )
+    filters = MessageFilter(
+        source=args.source,
+        statuses=tuple(request.status),
+        event_type=request.event_type,
+        received_after=request.received_after,
+        received_before=request.received_before,
+    )
+    async with operator_engine(settings) as engine:
+        result = await destinations.replay_to_destination(
+            engine, filters, args.destination, actor(), dry_run=request.dry_run
+        )
+    if args.json:
+        print_json(BulkRetryResult(matched=result.matched, retried=result.retried))
+    elif request.dry_run:
+        print(
+            f"{result.matched} messages match; run again without --dry-run to replay them "
+            f"to {args.destination}"
+        )
+    else:
+        print(f"{result.matched} messages matched, {result.retried} replayed to {args.destination}")
+    return Exit.OK
+
+
+async def show_destinations(args: argparse.Namespace) -> Exit:
+    settings = operator_settings()
+    known = configured_of(load_sources(settings))
+    async with operator_engine(settings) as engine:
+        listed = await collect_destination_stats(engine, known)
+    if args.json:
+        print_json(listed)
+    else:
+        print(destinations_table(listed))
     return Exit.OK

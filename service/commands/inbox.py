@@ -86,6 +86,13 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
             description=description,
         )
         action.add_argument("id", type=inbox_id, help="the inbox row id")
+        action.add_argument(
+            "--destination",
+            metavar="NAME",
+            help=f"{name} only this named destination of the message, leaving its others as "
+            "they are (POST /admin/messages/{id}/destinations/{name}/"
+            f"{'discard' if name == 'discard' else 'retry'})",
+        )
         add_json(action)
         action.set_defaults(run=run("change_message", name))
 
@@ -105,6 +112,52 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     bulk.add_argument("--dry-run", action="store_true", help="only count the matching messages")
     add_json(bulk)
     bulk.set_defaults(run=run("bulk_retry"))
+
+    replay_to = subcommand(
+        actions,
+        "replay-to",
+        help="run one named destination for a source's messages; --dry-run counts them",
+        description="Run one named destination for the source's messages matching the "
+        "filters, in batches, leaving their other destinations as they are "
+        "(POST /admin/sources/{source}/destinations/{name}/replay): the older messages a "
+        "destination added later never received. Every status but processing unless --status "
+        "names some; a message the destination's own filter does not pass is recorded as "
+        "skipped by it.",
+        epilog=FILTERS_HELP,
+    )
+    replay_to.add_argument("destination", help="the destination's name")
+    replay_to.add_argument("--source", required=True, help="the source the destination is of")
+    replay_to.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        choices=[s.value for s in Status if s != Status.PROCESSING],
+        metavar="STATUS",
+        help="only messages in this status; repeat for several",
+    )
+    replay_to.add_argument("--event-type", help="only this event type (`*` and `?` wildcards)")
+    replay_to.add_argument(
+        "--received-after", "--since", metavar="TIME", help="first received at or after TIME"
+    )
+    replay_to.add_argument(
+        "--received-before", "--until", metavar="TIME", help="first received before TIME"
+    )
+    replay_to.add_argument(
+        "--dry-run", action="store_true", help="only count the matching messages"
+    )
+    add_json(replay_to)
+    replay_to.set_defaults(run=run("replay_to_destination"))
+
+    destinations = subcommand(
+        commands,
+        "destinations",
+        help="counts by named destination and status",
+        description="Count (message, destination) pairs by status for every named destination "
+        "(GET /admin/destinations). Reads the sources file (INBOX_CONFIG) for the configured "
+        "ones.",
+    )
+    add_json(destinations)
+    destinations.set_defaults(run=run("show_destinations"))
 
     dead = subcommand(
         commands,

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.api.admin.models import DeadLetterGroups, MessageDetail, MessageSummary, Stats
+from service.api.admin.models import (
+    DeadLetterGroups,
+    DestinationStatsList,
+    MessageDetail,
+    MessageSummary,
+    Stats,
+)
 from service.commands.output import age, table
 from service.core.schema import Status
 
@@ -53,12 +59,39 @@ def describe_detail(detail: MessageDetail) -> str:
     else:
         lines.append("payload:")
         lines += ["  " + line for line in json.dumps(detail.payload, indent=2).splitlines()]
+    if detail.destinations:
+        lines.append("destinations:")
+        pairs = table(
+            ["NAME", "STATUS", "ATTEMPTS", "UPDATED", "LAST ERROR"],
+            [
+                [d.name, d.status.value, d.attempts, d.updated_at, d.last_error]
+                for d in detail.destinations
+            ],
+        )
+        lines += ["  " + line for line in pairs.splitlines()]
     lines.append("history:")
     if detail.attempts:
+        named = any(a.destination for a in detail.attempts)
         history = table(
-            ["#", "STARTED", "OUTCOME", "ERROR", "MS", "ACTOR"],
             [
-                [a.attempt, a.started_at, a.outcome, a.error, a.duration_ms, a.actor]
+                "#",
+                *(["DESTINATION"] if named else []),
+                "STARTED",
+                "OUTCOME",
+                "ERROR",
+                "MS",
+                "ACTOR",
+            ],
+            [
+                [
+                    a.attempt,
+                    *([a.destination] if named else []),
+                    a.started_at,
+                    a.outcome,
+                    a.error,
+                    a.duration_ms,
+                    a.actor,
+                ]
                 for a in detail.attempts
             ],
         )
@@ -66,6 +99,19 @@ def describe_detail(detail: MessageDetail) -> str:
     else:
         lines.append("  (no attempts yet)")
     return "\n".join(lines)
+
+
+def destinations_table(document: DestinationStatsList) -> str:
+    if not document.destinations:
+        return "no source names destinations"
+    statuses = [s.value for s in Status if s != Status.PROCESSING]
+    return table(
+        ["SOURCE", "DESTINATION", *(s.upper() for s in statuses), "TOTAL"],
+        [
+            [d.source, d.destination, *(d.counts.get(st, 0) for st in statuses), d.total]
+            for d in document.destinations
+        ],
+    )
 
 
 def groups_table(document: DeadLetterGroups) -> str:

@@ -15,10 +15,11 @@ import httpx
 from service.core.schema import Status
 from service.core.status import summary_status
 from service.processing.forward import forward_message
-from service.processing.handler_api import HandlerSession
+from service.processing.handler_api import HandlerSession, InboxMessage
 from service.processing.pipeline import Pipeline, Run
 from service.processing.policy import classify_failure
 from service.processing.runner import (
+    BatchDeadline,
     apply_handlers,
     end_handlers,
     inbox_message,
@@ -64,10 +65,24 @@ async def run_destinations(
     pipeline: Pipeline,
     row: MessageRow,
     http: httpx.AsyncClient,
+    *,
+    isolated: bool = True,
+    deadline: BatchDeadline | None = None,
+    defer_flush: bool = False,
+    failed: AttemptResult | None = None,
 ) -> tuple[AttemptResult, BaseException | None]:
-    """Run each due destination of `row` in a savepoint (always isolated: one destination's
-    failure must not undo another's effects). Returns the message's result, with one result
-    per destination, and the first failure's exception."""
+    """Run each due destination of `row`; the message's result, with one result per
+    destination, and the first failure's exception.
+
+    `isolated`: each destination in a savepoint of its own, so one destination's failure
+    undoes its own effects only. Otherwise (the worker's optimistic batch, as `run_handlers`
+    without isolation) no savepoint at all, and the first failure ends the run: the caller
+    rolls the whole batch back and runs it again isolated, passing this result as `failed`,
+    whose failed destinations are recorded again without running (their attempt is made) and
+    whose others run again (their effects went with the rollback). A savepoint for every
+    destination of every message of a batch is also what a batch must not have: past 64
+    subtransactions, every snapshot of every backend consults pg_subtrans.
+    """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
     runs, passed_over = due_runs(pipeline, row)
@@ -83,73 +98,127 @@ async def run_destinations(
     message = inbox_message(row, attempt)
     delays: list[float] = []
     first_failure: BaseException | None = None
+    known_failures = (
+        {d.name: d for d in (failed.destinations or ()) if d.status != Status.PROCESSED}
+        if failed is not None
+        else {}
+    )
+    if not isolated:
+        await savepoints.limit_statements(math.ceil(limit * 1000))
     for run in runs:
         name = run.destination.name
         begun = datetime.now(UTC)
+        outcome: DestinationResult | None = known_failures.get(name)
+        if outcome is not None:
+            results.append(outcome)
+            if outcome.delay_seconds is not None:
+                delays.append(outcome.delay_seconds)
+            continue
         if run.destination.forward is not None:
             # The HTTP call holds no savepoint: it has no effect in this transaction.
             forwarded = await forward_message(
                 http, row, attempt, pipeline.config, destination=run.destination
             )
-            results.append(
-                DestinationResult(
-                    name,
-                    forwarded.status,
-                    forwarded.outcome,
-                    begun,
-                    forwarded.finished_at,
-                    forwarded.error_type,
-                    forwarded.error,
-                    forwarded.traceback,
-                )
+            outcome = DestinationResult(
+                name,
+                forwarded.status,
+                forwarded.outcome,
+                begun,
+                forwarded.finished_at,
+                forwarded.error_type,
+                forwarded.error,
+                forwarded.traceback,
+                forwarded.delay_seconds,
             )
-            if forwarded.delay_seconds is not None:
-                delays.append(forwarded.delay_seconds)
-            continue
-        await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
-        try:
-            await apply_handlers(session, savepoints, run.handlers, message, limit)
-            savepoints.release()
-        except Exception as exc:
-            await undo_handlers(session, savepoints)
-            failure = classify_failure(exc, attempt, pipeline.config, budget_start=row.budget_start)
-            log_failure(row, attempt, failure, destination=name)
-            first_failure = first_failure or exc
-            if failure.delay_seconds is not None:
-                delays.append(failure.delay_seconds)
-            results.append(
-                DestinationResult(
-                    name,
-                    failure.status,
-                    failure.outcome,
-                    begun,
-                    datetime.now(UTC),
-                    failure.error_type,
-                    failure.error,
-                    failure.traceback,
-                )
+        else:
+            outcome, exc = await run_destination(
+                session,
+                savepoints,
+                pipeline,
+                row,
+                run,
+                message,
+                limit,
+                isolated=isolated,
+                deadline=deadline,
+                defer_flush=defer_flush,
             )
-            continue
-        finally:
-            end_handlers(session)
-        results.append(
-            DestinationResult(name, Status.PROCESSED, "processed", begun, datetime.now(UTC))
-        )
+            if exc is not None:
+                first_failure = first_failure or exc
+        results.append(outcome)
+        if outcome.delay_seconds is not None:
+            delays.append(outcome.delay_seconds)
+        if first_failure is not None and not isolated:
+            break  # the batch rolls back: the rest run in its isolated rerun
     states = dict(row.destinations or {})
     states.update((r.name, r.status.value) for r in results)
     status = summary_status(states.values())
-    failed = next((r for r in results if r.status != Status.PROCESSED), None)
+    failed_one = next((r for r in results if r.status != Status.PROCESSED), None)
     return AttemptResult(
         row.id,
         attempt,
         status,
-        "processed" if failed is None else failed.outcome,
+        "processed" if failed_one is None else failed_one.outcome,
         started,
         datetime.now(UTC),
         delay_seconds=min(delays, default=0.0) if status == Status.RETRYING else None,
         # The message's last_error names the destination: "destination x: Type: message".
         error=None
-        if failed is None
-        else f"destination {failed.name}: {last_error_line(failed.error_type, failed.error)}",
+        if failed_one is None
+        else f"destination {failed_one.name}: "
+        f"{last_error_line(failed_one.error_type, failed_one.error)}",
         destinations=results,
     ), first_failure
+
+
+async def run_destination(
+    session: HandlerSession,
+    savepoints: MessageSavepoints,
+    pipeline: Pipeline,
+    row: MessageRow,
+    run: Run,
+    message: InboxMessage,
+    limit: float,
+    *,
+    isolated: bool,
+    deadline: BatchDeadline | None,
+    defer_flush: bool,
+) -> tuple[DestinationResult, BaseException | None]:
+    """One handler destination's part of the attempt, in its savepoint when `isolated`."""
+    name = run.destination.name
+    begun = datetime.now(UTC)
+    if isolated:
+        await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
+    try:
+        await apply_handlers(
+            session,
+            savepoints,
+            run.handlers,
+            message,
+            limit,
+            isolated=isolated,
+            deadline=deadline,
+            defer_flush=defer_flush,
+        )
+        if isolated:
+            savepoints.release()
+    except Exception as exc:
+        await undo_handlers(session, savepoints, isolated=isolated)
+        failure = classify_failure(
+            exc, message.attempt, pipeline.config, budget_start=row.budget_start
+        )
+        log_failure(row, message.attempt, failure, destination=name)
+        return DestinationResult(
+            name,
+            failure.status,
+            failure.outcome,
+            begun,
+            datetime.now(UTC),
+            failure.error_type,
+            failure.error,
+            failure.traceback,
+            failure.delay_seconds,
+        ), exc
+    finally:
+        end_handlers(session, deadline)
+    return DestinationResult(name, Status.PROCESSED, "processed", begun, datetime.now(UTC)), None

@@ -115,6 +115,12 @@ class Pipeline:
         """Whether the source names its destinations, each with a state of its own."""
         return bool(self.destinations)
 
+    @property
+    def forwards_in_batch(self) -> bool:
+        """Whether a named destination forwards: its batches run isolated, so that no rollback
+        of a batch makes a forward that was answered be sent again."""
+        return any(d.forward is not None for d in self.destinations)
+
     def handlers_for(self, event_type: str | None) -> tuple[Handler, ...]:
         """The handlers to run for `event_type`, in configuration order (memoised)."""
         found = self._by_event_type.get(event_type)

@@ -51,6 +51,7 @@ class DestinationResult:
     error_type: str | None = None
     error: str | None = None
     traceback: str | None = None
+    delay_seconds: float | None = None  # retrying: when this destination would run next
 
     @property
     def duration_ms(self) -> float:

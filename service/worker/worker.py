@@ -424,10 +424,12 @@ class Worker:
 
     def _isolating(self, rows: list[MessageRow]) -> bool:
         """Whether a batch of `rows` runs with a savepoint per message: after a failure of one
-        of their sources, and always for named destinations (a savepoint each)."""
+        of their sources, and always for sources with a forward among their named
+        destinations."""
         now = time.monotonic()
         return any(
-            self._isolate_until.get(row.source, 0.0) > now or self.pipelines[row.source].fans_out
+            self._isolate_until.get(row.source, 0.0) > now
+            or self.pipelines[row.source].forwards_in_batch
             for row in rows
         )
 
@@ -523,13 +525,25 @@ class Worker:
                                 },
                             )
                             continue
-                        if failed is not None and row is failed[0]:
-                            results.append(failed[1])
-                            continue
                         pipeline = self.pipelines[row.source]
+                        earlier = failed[1] if failed is not None and row is failed[0] else None
                         if pipeline.fans_out:
+                            # A failed message's destinations that did not fail run again.
                             assert self._http is not None
-                            run = run_destinations(session, savepoints, pipeline, row, self._http)
+                            run = run_destinations(
+                                session,
+                                savepoints,
+                                pipeline,
+                                row,
+                                self._http,
+                                isolated=isolated,
+                                deadline=deadline,
+                                defer_flush=defer_flush,
+                                failed=earlier,
+                            )
+                        elif earlier is not None:
+                            results.append(earlier)
+                            continue
                         else:
                             run = run_handlers(
                                 session,

@@ -4,12 +4,15 @@ and dead letters; one that fails is retried alone, one that is done never runs a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from tests import handlers
 from tests.admin_seed import AUTH, TOKEN
+from tests.cli_runner import cli
 from tests.conftest import AppFactory
 from tests.processing_helpers import delivery, source, wait_until
 
@@ -234,3 +237,66 @@ async def test_discarding_the_dead_destination_sets_the_message_aside_and_nothin
         "disputes": ("dead", 2),
     }
     assert [e[1] for e in await effects_by(db)] == ["billing"]
+
+
+SOURCES_TOML = """
+[sources.hooks]
+kind = "generic"
+id_header = "X-Message-Id"
+[sources.hooks.destinations.billing]
+handlers = ["tests.handlers:record_billing"]
+[sources.hooks.destinations.disputes]
+handlers = ["tests.handlers:record_disputes_unless_down"]
+"""
+
+
+async def test_the_command_line_retries_one_destination_and_counts_them(
+    worker_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    config = fanned(billing=BILLING, disputes=DISPUTES_UNLESS_DOWN)
+    config["sources"]["hooks"]["max_attempts"] = 1
+    (tmp_path / "inbox.toml").write_text(SOURCES_TOML)
+    monkeypatch.setenv("INBOX_CONFIG", str(tmp_path / "inbox.toml"))
+    handlers.state["disputes_down"] = True
+    try:
+        async with worker_for(config) as client:
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-1"))
+            await wait_until(db, "SELECT status FROM inbox_messages", "dead")
+    finally:
+        handlers.state.pop("disputes_down", None)
+    row_id = await message_row_id(db, "m-1")
+    shown = await cli(monkeypatch, database_url, "messages", "show", str(row_id))
+    assert "disputes  dead" in shown.out.replace("   ", "  ")
+    counted = await cli(monkeypatch, database_url, "destinations", "--json")
+    assert {d["destination"]: d["counts"] for d in counted.json()["destinations"]} == {
+        "billing": {"processed": 1},
+        "disputes": {"dead": 1},
+    }
+    unknown = await cli(
+        monkeypatch, database_url, "messages", "retry", str(row_id), "--destination", "nowhere"
+    )
+    retried = await cli(
+        monkeypatch, database_url, "messages", "retry", str(row_id), "--destination", "disputes"
+    )
+    assert unknown.status == 1
+    assert "has no destination nowhere" in unknown.err
+    assert retried.status == 0, retried.err
+    assert "destination disputes: admin_retry, message now pending" in retried.out
+    async with worker_for(config):
+        await wait_until(db, "SELECT status FROM inbox_messages", "processed")
+    assert [e[1] for e in await effects_by(db)] == ["billing", "disputes"]
+    replayed = await cli(
+        monkeypatch,
+        database_url,
+        "messages",
+        "replay-to",
+        "billing",
+        "--source",
+        "hooks",
+        "--dry-run",
+    )
+    assert (replayed.status, replayed.out.split()[0]) == (0, "1")

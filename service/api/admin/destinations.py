@@ -4,11 +4,12 @@ pair, replay a source's messages to one destination in bulk, and the counts per 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.admin.messages import MessageIdPath, acted, store_errors, to_filter
 from service.api.admin.models import (
@@ -22,9 +23,10 @@ from service.api.admin.models import (
 )
 from service.api.problems import ProblemError, problem_responses
 from service.api.security import AdminDep
-from service.api.state import AppState, StateDep
+from service.api.state import StateDep
 from service.core import tracing
 from service.sources.config import DESTINATION_NAME
+from service.sources.config_file import InboxConfig
 from service.store import destinations as store
 from service.store.admin import ADMIN_DISCARD
 
@@ -38,9 +40,9 @@ DestinationPath = Annotated[
 SourcePath = Annotated[str, Path(pattern=r"^[a-z0-9_-]+$", max_length=200)]
 
 
-def configured(state: AppState) -> dict[str, list[str]]:
+def configured_of(inbox: InboxConfig) -> dict[str, list[str]]:
     """Each source's named destinations, in configuration order."""
-    return {name: list(source.config.destinations) for name, source in state.inbox.sources.items()}
+    return {name: list(source.config.destinations) for name, source in inbox.sources.items()}
 
 
 @contextmanager
@@ -56,8 +58,16 @@ def destination_errors() -> Iterator[None]:
 @router.get("/destinations", response_model=DestinationStatsList)
 async def destination_stats(state: StateDep) -> DestinationStatsList:
     """(message, destination) pairs by status, per named destination."""
-    counts = await store.destination_counts(state.engine)
-    keys = {(source, name) for source, names in configured(state).items() for name in names}
+    return await collect_destination_stats(state.engine, configured_of(state.inbox))
+
+
+async def collect_destination_stats(
+    engine: AsyncEngine, known: Mapping[str, Sequence[str]]
+) -> DestinationStatsList:
+    """The counts of every destination in `known` (each source's), and of any other that has
+    pairs stored (the command line shows them too)."""
+    counts = await store.destination_counts(engine)
+    keys = {(source, name) for source, names in known.items() for name in names}
     return DestinationStatsList(
         destinations=[
             DestinationStats(
@@ -89,7 +99,7 @@ async def retry_destination(
     force = request.force if request is not None else False
     with tracing.admin_span("retry_destination", id=id) as span, destination_errors():
         row, action = await store.retry_destination(
-            state.engine, id, name, admin.actor, force, configured(state)
+            state.engine, id, name, admin.actor, force, configured_of(state.inbox)
         )
         if span is not None:
             span.set_attribute("inbox.admin.result", action)
@@ -107,7 +117,7 @@ async def discard_destination(
     """Set one destination of a message aside; the message's status is summarised again."""
     with tracing.admin_span("discard_destination", id=id) as span, destination_errors():
         row, changed = await store.discard_destination(
-            state.engine, id, name, admin.actor, configured(state)
+            state.engine, id, name, admin.actor, configured_of(state.inbox)
         )
         if span is not None:
             span.set_attribute("inbox.admin.result", "discarded" if changed else "none")
@@ -130,7 +140,7 @@ async def replay_to_destination(
     one not in flight): the older messages a destination added later never received. Each
     message's other destinations are left as they are; a message the destination's own filter
     does not pass is recorded as skipped by it. `dry_run` only counts."""
-    if name not in configured(state).get(source, []):
+    if name not in configured_of(state.inbox).get(source, []):
         raise ProblemError(404, f"source {source} has no destination {name}")
     filters = to_filter(
         MessageFilters(
