@@ -166,6 +166,14 @@ class Metrics:
             ["source", "outcome"],
             registry=self.registry,
         )
+        self.destination_attempts = Counter(
+            "webhook_inbox_destination_attempts",
+            "Of sources with named destinations: each destination's part of the worker's "
+            "attempts, by source, destination and outcome (processed, skipped, failed, "
+            "retry_later, dead).",
+            ["source", "destination", "outcome"],
+            registry=self.registry,
+        )
         self.handler_duration = Histogram(
             "webhook_inbox_handler_duration_seconds",
             "Time one processing attempt spent in the source's handlers or forwarding.",
@@ -299,6 +307,12 @@ class Metrics:
         """For the worker: one attempt ended with `outcome` after `duration_seconds`."""
         _child(self._attempt_counters, self.attempts, source, outcome).inc()
         _child(self._handler_histograms, self.handler_duration, source).observe(duration_seconds)
+
+    def destination_finished(self, source: str, destination: str, outcome: str) -> None:
+        """For the worker: one destination's part of an attempt ended with `outcome`."""
+        _child(
+            self._attempt_counters, self.destination_attempts, source, destination, outcome
+        ).inc()
 
     def pruned(self, by_status: Mapping[str, int]) -> None:
         for status, count in by_status.items():

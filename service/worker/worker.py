@@ -654,6 +654,8 @@ class Worker:
         for result in results:
             seconds = (result.finished_at - result.started_at).total_seconds()
             self.metrics.attempt_finished(source_of[result.id], result.outcome, seconds)
+            for part in result.destinations or ():
+                self.metrics.destination_finished(source_of[result.id], part.name, part.outcome)
 
     async def _poll(self) -> None:
         while True:

@@ -44,6 +44,20 @@ max_attempts = 3
 backoff_base_seconds = 0.05
 backoff_max_seconds = 0.2
 
+[sources.routed]
+kind = "generic"
+id_json_pointer = "/id"
+event_type_json_pointer = "/type"
+max_attempts = 2
+backoff_base_seconds = 0.05
+backoff_max_seconds = 0.2
+
+[sources.routed.destinations.ledger]
+handlers = ["tests.handlers:record_warehouse"]
+
+[sources.routed.destinations.billing]
+handlers = ["tests.console_handlers:billing"]
+
 [sources.github]
 kind = "generic"
 id_header = "x-github-delivery"
@@ -67,11 +81,15 @@ class Console:
             self.down_flag.unlink(missing_ok=True)
 
     async def deliver(
-        self, message_id: str, amount: int = 4200, kind: str = "invoice.paid"
+        self,
+        message_id: str,
+        amount: int = 4200,
+        kind: str = "invoice.paid",
+        source: str = "billing",
     ) -> None:
         body = {"id": message_id, "type": kind, "data": {"amount": amount, "customer": "cus_42"}}
         async with httpx.AsyncClient(base_url=self.url) as client:
-            response = await client.post("/webhooks/billing", json=body)
+            response = await client.post(f"/webhooks/{source}", json=body)
         assert response.json()["status"] == "accepted"
 
     async def status(self, message_id: str) -> str | None:
@@ -237,6 +255,42 @@ async def test_a_dead_letter_is_read_then_retried_once_its_cause_is_fixed(
     await expect(history.nth(3)).to_contain_text(CONSOLE_ACTOR)
     await expect(history.nth(4)).to_contain_text("processed")
     assert await console.db.fetchval("SELECT count(*) FROM effects") == 1
+
+
+async def test_one_dead_destination_is_retried_alone_from_the_message_page(
+    console: Console, page: Page
+) -> None:
+    console.billing_down(True)
+    await console.deliver("evt_routed", source="routed")
+    await console.wait_status("evt_routed", "dead")
+    row_id = await console.row_id("evt_routed")
+    await sign_in(page, console, f"/console/messages/{row_id}")
+    await expect(page.locator("#message-status")).to_have_text("dead")
+    ledger, billing = page.locator("#destination-ledger"), page.locator("#destination-billing")
+    await expect(ledger).to_contain_text("processed")
+    await expect(billing).to_contain_text("dead")
+    await expect(billing).to_contain_text("BillingUnavailable")
+    await expect(ledger.get_by_role("button")).to_have_count(0)  # nothing to do for it
+    history = page.locator("table.history")
+    await expect(history.locator("thead")).to_contain_text("Destination")
+
+    console.billing_down(False)
+    await billing.get_by_role("button", name="Retry billing").click()
+    await expect(page.get_by_role("status")).to_contain_text("Retried that destination")
+    await expect(page.locator("#message-status")).to_have_text("processed", timeout=SETTLE)
+    await expect(page.locator("#destination-billing")).to_contain_text("processed")
+    await expect(history.locator("tbody tr").last).to_contain_text("billing")
+    rows = await console.db.fetch(
+        "SELECT d.destination, d.attempts FROM inbox_destinations d "
+        "JOIN inbox_messages m ON m.id = d.message_id WHERE m.message_id = 'evt_routed' "
+        "ORDER BY 1"
+    )
+    assert [tuple(r) for r in rows] == [("billing", 3), ("ledger", 1)]  # ledger ran once
+    assert await console.db.fetchval("SELECT count(*) FROM effects") == 2
+    actor = await console.db.fetchval(
+        "SELECT actor FROM inbox_attempts WHERE outcome = 'admin_retry' AND destination = 'billing'"
+    )
+    assert actor == CONSOLE_ACTOR
 
 
 async def test_bulk_retry_of_a_filter_after_its_dry_run_count(console: Console, page: Page) -> None:

@@ -59,6 +59,18 @@ async def test_a_failing_destination_is_retried_alone_and_every_effect_applies_o
         sent = await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-1"))
         assert sent.status_code == 200
         await wait_until(db, "SELECT status FROM inbox_messages", "processed")
+        metrics = (await client.get("/metrics")).text
+    counted = {
+        line.split("{", 1)[1].rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("webhook_inbox_destination_attempts_total{")
+    }
+    assert {labels: n for labels, n in counted.items() if 'source="hooks"' in labels} == {
+        'destination="billing",outcome="processed",source="hooks"}': 1.0,
+        'destination="disputes",outcome="failed",source="hooks"}': 3.0,
+        'destination="disputes",outcome="processed",source="hooks"}': 1.0,
+        'destination="warehouse",outcome="processed",source="hooks"}': 1.0,
+    }
     assert await effects_by(db) == [
         ("m-1", "billing", 1),
         ("m-1", "disputes", 4),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import RedirectResponse, Response
 
+from service.api.admin import destinations as destinations_api
 from service.api.admin import messages as messages_api
 from service.api.admin.models import RetryRequest, RetryResult
 from service.api.console import views
@@ -52,6 +53,40 @@ async def replay(message: str, state: StateDep, action: ActionDep) -> Response:
 async def discard(message: str, state: StateDep, action: ActionDep) -> Response:
     """Set a message aside; its dedup row stays."""
     return await act(state, action[0], message, "discard")
+
+
+async def act_on_destination(
+    state: AppState, operator: Operator, message: str, name: str, action: str
+) -> Response:
+    number = message_number(message)
+    try:
+        if action == "discard":
+            await destinations_api.discard_destination(state, operator.admin, number, name)
+        else:
+            await destinations_api.retry_destination(state, operator.admin, number, name)
+    except ProblemError as exc:  # unknown message or destination (404), or not allowed (409)
+        raise ConsoleError(
+            exc.status, f"Could not {action} destination {name} of message {number}", exc.detail
+        ) from None
+    return RedirectResponse(
+        f"/console/messages/{number}?done=destination_{action}", status_code=303
+    )
+
+
+@router.post("/messages/{message}/destinations/{name}/retry")
+async def retry_destination(
+    message: str, name: str, state: StateDep, action: ActionDep
+) -> Response:
+    """Run one failed or discarded destination of a message again; the others stay."""
+    return await act_on_destination(state, action[0], message, name, "retry")
+
+
+@router.post("/messages/{message}/destinations/{name}/discard")
+async def discard_destination(
+    message: str, name: str, state: StateDep, action: ActionDep
+) -> Response:
+    """Set one destination of a message aside."""
+    return await act_on_destination(state, action[0], message, name, "discard")
 
 
 @router.post("/bulk-retry")

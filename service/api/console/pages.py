@@ -50,6 +50,10 @@ NOTICES = {
     "This page follows it until it is finished.",
     "admin_discard": "Discarded: the message is set aside; a redelivery of it stays a duplicate.",
     "none": "The message was already discarded; nothing changed.",
+    "destination_retry": "Retried that destination: the message is pending again and only "
+    "the destinations not yet done will run. This page follows it until it is finished.",
+    "destination_discard": "Discarded that destination: the message's status now sums up "
+    "its other destinations.",
 }
 
 
