@@ -312,3 +312,26 @@ async def test_the_command_line_retries_one_destination_and_counts_them(
         "--dry-run",
     )
     assert (replayed.status, replayed.out.split()[0]) == (0, "1")
+
+
+async def test_a_message_no_destination_wants_is_processed_with_a_note_the_admin_shows(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    config = fanned(
+        billing={"event_types": ["invoice.*"], **BILLING},
+        warehouse={"payload": {"contains": {"livemode": True}}, **WAREHOUSE},
+    )
+    async with worker_for(config, admin_tokens=[TOKEN]) as client:
+        await client.post(
+            "/webhooks/hooks",
+            content=b'{"livemode": false}',
+            headers=delivery("m-1", "payout.paid"),
+        )
+        await wait_until(db, "SELECT status FROM inbox_messages", "processed")
+        row_id = await message_row_id(db, "m-1")
+        detail = (await client.get(f"/admin/messages/{row_id}", headers=AUTH)).json()
+    assert detail["destinations"] == []
+    assert [(a["outcome"], a["error"], a["destination"]) for a in detail["attempts"]] == [
+        ("skipped", "no destination matched; processed without effect", None)
+    ]
+    assert await effects_by(db) == []
