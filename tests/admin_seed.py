@@ -28,6 +28,8 @@ ADMIN_ROUTES = [
     ("POST", "/admin/messages/1/destinations/billing/retry"),
     ("POST", "/admin/messages/1/destinations/billing/discard"),
     ("POST", "/admin/sources/hooks/destinations/billing/replay"),
+    ("POST", "/admin/sources/hooks/pause"),
+    ("POST", "/admin/sources/hooks/resume"),
 ]
 
 

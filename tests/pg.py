@@ -138,7 +138,7 @@ async def empty_tables(url: str, *extra: str) -> None:
     """No rows left in the inbox's tables (and `extra` ones), ids counting from 1 again."""
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
-        tables = ", ".join(["inbox_messages", "inbox_attempts", *extra])
+        tables = ", ".join(["inbox_messages", "inbox_attempts", "inbox_source_pauses", *extra])
         await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
     finally:
         await conn.close()

@@ -31,7 +31,10 @@ from service.api.admin.models import (
     DestinationReplayRequest,
     MessageQuery,
     MessageSummary,
+    PauseRequest,
+    PauseResult,
     RetryResult,
+    SourcePause,
 )
 from service.api.admin.operations import collect_stats
 from service.commands.database import operator_engine, operator_settings
@@ -46,8 +49,9 @@ from service.commands.views import (
     summary_table,
 )
 from service.core.schema import Status
+from service.core.settings import Settings
 from service.store import admin as store
-from service.store import destinations
+from service.store import destinations, pauses
 from service.store.admin import MessageFilter, Position
 
 
@@ -310,4 +314,42 @@ async def show_destinations(args: argparse.Namespace) -> Exit:
         print_json(listed)
     else:
         print(destinations_table(listed))
+    return Exit.OK
+
+
+def configured_source(settings: Settings, source: str) -> None:
+    sources = load_sources(settings).sources
+    if source not in sources:
+        names = ", ".join(sorted(sources)) or "none"
+        raise CommandError(f"no source {source} is configured (configured: {names})", Exit.FAILED)
+
+
+async def pause_command(args: argparse.Namespace) -> Exit:
+    who = actor()
+    request = validated(
+        PauseRequest, {"operator": args.operator or who.removeprefix("cli:"), "reason": args.reason}
+    )
+    settings = operator_settings()
+    configured_source(settings, args.source)
+    async with operator_engine(settings) as engine:
+        row = await pauses.pause_source(engine, args.source, request.operator, request.reason, who)
+    result = PauseResult(source=args.source, paused=SourcePause.model_validate(row), changed=True)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"{args.source} paused by {request.operator}: {request.reason}")
+    return Exit.OK
+
+
+async def resume_command(args: argparse.Namespace) -> Exit:
+    settings = operator_settings()
+    configured_source(settings, args.source)
+    async with operator_engine(settings) as engine:
+        row = await pauses.resume_source(engine, args.source)
+    if args.json:
+        print_json(PauseResult(source=args.source, paused=None, changed=row is not None))
+    elif row is None:
+        print(f"{args.source} was not paused; nothing changed")
+    else:
+        print(f"{args.source} resumed (paused by {row['operator']} since {row['paused_at']})")
     return Exit.OK

@@ -159,6 +159,34 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_json(destinations)
     destinations.set_defaults(run=run("show_destinations"))
 
+    pause = subcommand(
+        commands,
+        "pause",
+        help="pause a source's processing (ingest keeps accepting)",
+        description="Pause a source's processing (POST /admin/sources/{source}/pause): no "
+        "worker claims its messages until it is resumed, across restarts; its deliveries are "
+        "still accepted and deduplicated, and wait as pending with no attempt spent. A batch "
+        "already claimed finishes. Reads the sources file (INBOX_CONFIG).",
+    )
+    pause.add_argument("source", help="a configured source")
+    pause.add_argument("--reason", required=True, help="why, for whoever finds it paused")
+    pause.add_argument(
+        "--operator", help="your name, as others know you (default: the shell's user@host)"
+    )
+    add_json(pause)
+    pause.set_defaults(run=run("pause_command"))
+
+    resume = subcommand(
+        commands,
+        "resume",
+        help="resume a paused source's processing",
+        description="Resume a paused source (POST /admin/sources/{source}/resume): the workers "
+        "claim its messages again.",
+    )
+    resume.add_argument("source", help="a configured source")
+    add_json(resume)
+    resume.set_defaults(run=run("resume_command"))
+
     dead = subcommand(
         commands,
         "dead-letters",

@@ -267,6 +267,22 @@ class ReceiptRecord(InboxTable, table=True):
     )
 
 
+class SourcePause(InboxTable, table=True):
+    """`inbox_source_pauses`: the sources whose processing an operator has paused, who did
+    and why (0011). Ingest goes on accepting their deliveries; no worker claims them."""
+
+    __tablename__ = "inbox_source_pauses"
+
+    source: str = Field(sa_column=Column(Text, primary_key=True))
+    paused_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    operator: str = Field(sa_column=Column(Text, nullable=False))
+    reason: str = Field(sa_column=Column(Text, nullable=False))
+    actor: str | None = Field(default=None, sa_column=Column(Text))
+
+
 class AlertWatermark(InboxTable, table=True):
     """`inbox_alert_watermarks`: per alert target and source, the last dead-letter attempt
     notified and when (0004)."""

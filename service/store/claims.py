@@ -198,6 +198,12 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
 # processes) take disjoint batches. Ordered on the partial due index (0001). A message whose
 # last attempt never finished (`run_alone`) is claimed only with `alone`, one at a time, by
 # a statement of its own (the literal lets the planner use the tiny alone index, 0006).
+# A paused source's messages are not claimed (0011): `inbox_source_pauses` holds a row per
+# paused source, a handful at most, read once per statement (an InitPlan), so a pause takes
+# effect at the next claim of every worker on the database, whatever its cache.
+NOT_PAUSED = "source <> ALL(ARRAY(SELECT p.source FROM inbox_source_pauses AS p))"
+NOT_PAUSED_M = f"m.{NOT_PAUSED}"
+
 CLAIM = """
     WITH due AS (
         SELECT id
@@ -205,6 +211,7 @@ CLAIM = """
          WHERE status IN ('pending', 'retrying')
            AND next_attempt_at <= now()
            AND source = ANY($1::text[])
+           AND {not_paused}
            AND run_alone = {alone}
          ORDER BY next_attempt_at, id
          LIMIT $3
@@ -220,8 +227,8 @@ CLAIM = """
     RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
               m.headers, m.body, m.content_type, m.trace_context, m.budget_start
 """
-CLAIM_DUE = CLAIM.format(alone="false")
-CLAIM_ALONE = CLAIM.format(alone="true")
+CLAIM_DUE = CLAIM.format(alone="false", not_paused=NOT_PAUSED)
+CLAIM_ALONE = CLAIM.format(alone="true", not_paused=NOT_PAUSED)
 
 
 # The claim's plan must not depend on statistics. A backlog the planner has not seen yet (a
@@ -357,7 +364,7 @@ async def hold_claimed(
 # batch between its optimistic run and its rerun, and is passed over; one whose claim expired
 # (`abandoned`) had an attempt that never finished, which this batch records instead of
 # running it. A claim of an older attempt (not above `attempts`) is stale and ignored.
-LOCK_DUE = """
+LOCK_DUE = f"""
     SELECT m.id, m.source, m.message_id, m.event_type, m.attempts, m.headers, m.body,
            m.content_type, m.trace_context, m.budget_start, c.attempt IS NOT NULL AS abandoned
       FROM inbox_messages AS m
@@ -365,12 +372,13 @@ LOCK_DUE = """
      WHERE m.status IN ('pending', 'retrying')
        AND m.next_attempt_at <= now()
        AND m.source = ANY($1::text[])
+       AND {NOT_PAUSED_M}
        AND NOT m.run_alone
        AND (c.locked_until IS NULL OR c.locked_until < now())
      ORDER BY m.next_attempt_at, m.id
      LIMIT $2
        FOR UPDATE OF m SKIP LOCKED
-"""
+"""  # noqa: S608 - a fixed expression, no input
 # What a batch's transaction sends before any handler runs: its own statements' planner
 # settings (NO_SORTS, BY_ID_PLANS) are the inbox's, not the handlers'.
 RESTORE_PLANS = (
@@ -470,16 +478,17 @@ HOLD_LOCKED = text(
 # The worker's cheap look, every poll: is a message that must run alone due? (The alone
 # index answers it, 0006.)
 ALONE_DUE = text(
-    """
+    f"""
     SELECT EXISTS (
         SELECT 1
           FROM inbox_messages
          WHERE status IN ('pending', 'retrying')
            AND next_attempt_at <= now()
            AND source = ANY(CAST(:sources AS text[]))
+           AND {NOT_PAUSED}
            AND run_alone
     )
-    """
+    """  # noqa: S608 - a fixed expression, no input
 )
 
 

@@ -293,6 +293,34 @@ async def test_one_dead_destination_is_retried_alone_from_the_message_page(
     assert actor == CONSOLE_ACTOR
 
 
+async def test_an_operator_pauses_a_source_with_a_reason_then_resumes_it(
+    console: Console, page: Page
+) -> None:
+    await sign_in(page, console)
+    row = page.get_by_role("row", name="billing")
+    await row.get_by_role("link", name="running").click()
+    await expect(page).to_have_url(console.url + "/console/sources/billing")
+    await page.get_by_label("Your name").fill("Ada")
+    await page.get_by_label("Reason").fill("billing API down, INC-4211")
+    await page.get_by_role("button", name="Pause processing").click()
+    await expect(page.get_by_role("status")).to_contain_text("Paused")
+    await expect(page.locator("#pause-state")).to_contain_text("by Ada: billing API down, INC-4211")
+    try:
+        await console.deliver("evt_paused")  # accepted while paused
+        await page.goto(console.url + "/console/")
+        await expect(page.get_by_role("row", name="billing")).to_contain_text("paused by Ada")
+        assert await console.status("evt_paused") == "pending"
+        attempts = await console.db.fetchval("SELECT count(*) FROM inbox_attempts")
+        assert attempts == 0
+        actor = await console.db.fetchval("SELECT actor FROM inbox_source_pauses")
+        assert actor == CONSOLE_ACTOR
+    finally:
+        await page.goto(console.url + "/console/sources/billing")
+        await page.get_by_role("button", name="Resume").click()
+    await expect(page.get_by_role("status")).to_contain_text("Resumed")
+    await console.wait_status("evt_paused", "processed")
+
+
 async def test_bulk_retry_of_a_filter_after_its_dry_run_count(console: Console, page: Page) -> None:
     for i in range(3):
         await dead_letter(console, f"evt_paid_{i}")

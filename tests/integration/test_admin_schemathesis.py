@@ -59,7 +59,7 @@ def test_admin_api_conforms_to_its_schema(admin_api: Any, mode: GenerationMode) 
     operations = [
         result.ok() for result in admin_api.include(path_regex="^/admin/").get_all_operations()
     ]
-    assert len(operations) == 15
+    assert len(operations) == 17
     for operation in operations:
 
         @given(case=operation.as_strategy(mode))

@@ -50,6 +50,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_receipts",
             "inbox_alert_watermarks",
             "inbox_destinations",
+            "inbox_source_pauses",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None

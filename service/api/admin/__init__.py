@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from service.api.admin import destinations, messages, operations
+from service.api.admin import destinations, messages, operations, pauses
 from service.api.problems import problem_responses
 from service.api.security import require_admin
 
@@ -16,5 +16,6 @@ router = APIRouter(
 router.include_router(messages.router)
 router.include_router(operations.router)
 router.include_router(destinations.router)
+router.include_router(pauses.router)
 
 __all__ = ["router"]

@@ -342,6 +342,35 @@ class DestinationStatsList(BaseModel):
     )
 
 
+class PauseRequest(BaseModel):
+    """Who pauses a source's processing, and why: kept with the pause and shown with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    operator: Text = Field(description="The name of the person pausing it, as others know them.")
+    reason: Text = Field(
+        description="Why, for whoever finds it paused: e.g. `billing API down, INC-4211`."
+    )
+
+
+class SourcePause(BaseModel):
+    """A source's processing, paused: ingest accepts its deliveries; no worker claims them."""
+
+    paused_at: datetime = Field(description="When it was paused.")
+    operator: str = Field(description="Who paused it (their name, as given).")
+    reason: str = Field(description="Why.")
+    actor: str | None = Field(
+        description="The admin token's fingerprint (`console:` first from the web console; "
+        "`cli:user@host` from the command line)."
+    )
+
+
+class PauseResult(BaseModel):
+    source: str = Field(description="The source.")
+    paused: SourcePause | None = Field(description="The pause in force; null once resumed.")
+    changed: bool = Field(description="Whether this call changed anything.")
+
+
 class SourceInfo(BaseModel):
     """A configured source, without any secret."""
 
@@ -358,6 +387,9 @@ class SourceInfo(BaseModel):
     )
     redelivery_days: float = Field(
         description="How long the kind's senders may redeliver: retention never prunes sooner."
+    )
+    paused: SourcePause | None = Field(
+        default=None, description="Its processing's pause, if an operator has paused it."
     )
 
 

@@ -19,6 +19,7 @@ from service.api.admin.models import (
     PruneResult,
     SourceInfo,
     SourceList,
+    SourcePause,
     SourceStats,
     Stats,
 )
@@ -27,6 +28,7 @@ from service.core.schema import UNFINISHED
 from service.sources.base import AnySource
 from service.sources.config import DestinationConfig, ForwardConfig, SourceConfig
 from service.store import admin as store
+from service.store import pauses
 from service.store.counts import ProcessedCounts, status_counts
 from service.worker.retention import prune
 
@@ -130,8 +132,19 @@ def describe(source: AnySource) -> SourceInfo:
 
 @router.get("/sources", response_model=SourceList)
 async def sources(state: StateDep) -> SourceList:
-    """List the configured sources: kind, mode, handlers, forward URL; never a secret."""
-    return SourceList(sources=[describe(s) for _, s in sorted(state.inbox.sources.items())])
+    """List the configured sources: kind, mode, handlers, forward URL, destinations, whether
+    paused; never a secret."""
+    paused = await pauses.pauses(state.engine)
+    return SourceList(
+        sources=[
+            describe(s).model_copy(
+                update={
+                    "paused": SourcePause.model_validate(paused[name]) if name in paused else None
+                }
+            )
+            for name, s in sorted(state.inbox.sources.items())
+        ]
+    )
 
 
 @router.post("/prune", response_model=PruneResult)

@@ -5,11 +5,13 @@ came from."""
 from __future__ import annotations
 
 from fastapi import APIRouter
+from pydantic import ValidationError
 from starlette.responses import RedirectResponse, Response
 
 from service.api.admin import destinations as destinations_api
 from service.api.admin import messages as messages_api
-from service.api.admin.models import RetryRequest, RetryResult
+from service.api.admin import pauses as pauses_api
+from service.api.admin.models import PauseRequest, RetryRequest, RetryResult
 from service.api.console import views
 from service.api.console.access import ActionDep, ConsoleError, Operator
 from service.api.console.pages import bulk_retry_request, load_message, message_number
@@ -103,3 +105,30 @@ async def bulk_retry(state: StateDep, action: ActionDep) -> Response:
         retried=result.retried,
         list_url=url("/console/messages", items),
     )
+
+
+@router.post("/sources/{name}/pause")
+async def pause_source(name: str, state: StateDep, action: ActionDep) -> Response:
+    """Pause a source's processing, with the operator's name and a reason."""
+    operator, form = action
+    try:
+        request = PauseRequest(operator=form.get("operator") or "", reason=form.get("reason") or "")
+    except ValidationError:
+        raise ConsoleError(
+            422, f"Could not pause {name}", "give your name and a reason (each 1 to 512 characters)"
+        ) from None
+    try:
+        await pauses_api.pause_source(state, operator.admin, name, request)
+    except ProblemError as exc:
+        raise ConsoleError(exc.status, f"Could not pause {name}", exc.detail) from None
+    return RedirectResponse(f"/console/sources/{name}?done=paused", status_code=303)
+
+
+@router.post("/sources/{name}/resume")
+async def resume_source(name: str, state: StateDep, action: ActionDep) -> Response:
+    """Resume a paused source."""
+    try:
+        await pauses_api.resume_source(state, action[0].admin, name)
+    except ProblemError as exc:
+        raise ConsoleError(exc.status, f"Could not resume {name}", exc.detail) from None
+    return RedirectResponse(f"/console/sources/{name}?done=resumed", status_code=303)

@@ -26,6 +26,7 @@ from service.api.admin.models import (
     MessageFilters,
     MessagePage,
     MessageQuery,
+    SourcePause,
 )
 from service.api.console import views
 from service.api.console.access import ConsoleError, OperatorDep
@@ -63,12 +64,15 @@ class SourceRow:
     kind: str  # "" for a source no longer configured
     counts: dict[str, int]
     oldest_unfinished_seconds: float | None
+    paused: SourcePause | None = None
 
 
 async def overview_context(state: AppState) -> dict[str, Any]:
     stats = await operations.stats(state)
     activity = await operations.activity(state, ActivityQuery())
-    configured = {s.name: s.kind for s in (await operations.sources(state)).sources}
+    listed = (await operations.sources(state)).sources
+    configured = {s.name: s.kind for s in listed}
+    paused = {s.name: s.paused for s in listed}
     counted = {s.source: s for s in stats.sources}
     rows = [
         SourceRow(
@@ -76,6 +80,7 @@ async def overview_context(state: AppState) -> dict[str, Any]:
             configured.get(name, ""),
             counted[name].counts if name in counted else {},
             counted[name].oldest_pending_age_seconds if name in counted else None,
+            paused.get(name),
         )
         for name in sorted(configured.keys() | counted.keys())
     ]
@@ -320,4 +325,25 @@ async def confirm_bulk_retry(request: Request, state: StateDep, operator: Operat
         left_out=[s for s in asked if s not in statuses],
         filters=items,
         back_url=url("/console/messages", items),
+    )
+
+
+@router.get("/sources/{name}")
+async def source_page(
+    name: str, state: StateDep, operator: OperatorDep, done: str | None = None
+) -> Response:
+    """One source: whether its processing is paused, by whom and why; pause or resume it."""
+    listed = {s.name: s for s in (await operations.sources(state)).sources}
+    if name not in listed:
+        raise ConsoleError(404, "No such source", f"no source {name!r} is configured")
+    return operator.page(
+        "source.html",
+        title=f"Source {name}",
+        nav="overview",
+        source=listed[name],
+        notice={
+            "paused": "Paused: no message of this source is claimed until it is resumed; "
+            "deliveries are still accepted.",
+            "resumed": "Resumed: the workers claim its messages again.",
+        }.get(done or ""),
     )
