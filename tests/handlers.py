@@ -363,3 +363,18 @@ async def record_disputes_unless_down(message: InboxMessage, ctx: HandlerContext
     await _record_as("disputes", message, ctx)
     if state.get("disputes_down"):
         raise RuntimeError("disputes is down")
+
+
+async def record_span(message: InboxMessage, ctx: HandlerContext) -> None:
+    """An effect holding when the handler started and ended (epoch seconds) and the message's
+    ordering key, for the ordering tests; 2 ms of work between the two."""
+    import json
+    import time
+
+    started = time.time()
+    await asyncio.sleep(0.002)
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    span = {"key": payload.get("key"), "start": started, "end": time.time()}
+    await ctx.session.execute(
+        INSERT_EFFECT, {**effect_fields(message), "payload": json.dumps(span)}
+    )

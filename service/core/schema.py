@@ -109,6 +109,18 @@ class MessageRecord(InboxTable, table=True):
             postgresql_where=text(f"status <> '{Status.PROCESSED.value}'"),
         ),
         Index("inbox_messages_event_type_idx", "event_type"),
+        # The unfinished messages of each ordering key (0012): a claim passes over a message
+        # while an earlier one of its key is here, and the admin names it ("held behind").
+        Index(
+            "inbox_messages_ordering_idx",
+            "source",
+            "ordering_key",
+            "id",
+            postgresql_where=text(
+                f"ordering_key IS NOT NULL AND status NOT IN "
+                f"('{Status.PROCESSED.value}', '{Status.DISCARDED.value}')"
+            ),
+        ),
     )
 
     id: int | None = _identity_key()
@@ -159,6 +171,9 @@ class MessageRecord(InboxTable, table=True):
     budget_start: int = Field(
         default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
     )
+    # The source's `ordering_key` of the message (0012): messages with one key are processed
+    # one at a time, in id order. None: unordered.
+    ordering_key: str | None = Field(default=None, sa_column=Column(Text))
 
 
 class AttemptRecord(InboxTable, table=True):

@@ -233,6 +233,11 @@ def build_destination(where: str, name: str, config: DestinationConfig) -> Desti
 def build_pipeline(name: str, config: SourceConfig) -> Pipeline:
     where = f"sources.{name}"
     routes = build_routes(where, config)
+    if config.ordering_key is not None and config.mode == "sync":
+        raise ConfigError(
+            f"{where}.ordering_key: sync mode runs each message in its own request; ordering "
+            'needs the worker (mode = "async")'
+        )
     if config.destinations:
         if routes or config.forward is not None:
             raise ConfigError(

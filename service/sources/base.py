@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from abc import ABC, abstractmethod
@@ -12,7 +13,8 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar, get_args, get_origi
 
 import jiter
 
-from service.sources.config import SourceConfig
+from service.sources.config import HEADER_PREFIX, SourceConfig
+from service.sources.jsonpointer import resolve_pointer
 
 # The configuration model of a kind: `Source[GenericConfig]` sees `self.config` as one.
 ConfigT = TypeVar("ConfigT", bound=SourceConfig)
@@ -129,6 +131,8 @@ class Message:
     # extension, Pub/Sub attributes), {"traceparent": ..., "tracestate": ...}; with tracing on,
     # ingest stores the delivery span's context in its place.
     trace_context: Mapping[str, str] | None = None
+    # The source's `ordering_key` of this message (`Source.authenticate`); None: unordered.
+    ordering_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -235,12 +239,17 @@ class Source(ABC, Generic[ConfigT]):
         self._stored_names: dict[bytes, tuple[str, bool]] = {}
         self._token = None if config.token is None else config.token.get_secret_value()
         self.tolerance_seconds = config.tolerance_seconds
+        self._ordering_key = config.ordering_key
 
     async def authenticate(self, delivery: RawDelivery) -> Verdict:
         """Check the shared `token` every kind may require, then the kind's own scheme."""
         if self._token is not None:
             check_token(delivery, self._token)
-        return await self.verify(delivery)
+        verdict = await self.verify(delivery)
+        if self._ordering_key is not None and isinstance(verdict, Messages):
+            for message in verdict.items:
+                message.ordering_key = ordering_key_of(self._ordering_key, message, delivery)
+        return verdict
 
     @abstractmethod
     async def verify(self, delivery: RawDelivery) -> Verdict:
@@ -384,3 +393,26 @@ def require_json_media_type(delivery: RawDelivery) -> None:
 
 # A configured source of any kind, where which one does not matter.
 AnySource = Source[Any]
+
+
+MAX_ORDERING_KEY = 512
+
+
+def ordering_key_of(spec: str, message: Message, delivery: RawDelivery) -> str | None:
+    """The message's ordering key under `spec` (`header:name` or a JSON pointer into its own
+    body): a string, or a number written out; None (unordered) where there is none, or the
+    value is not a string or number. A key longer than 512 characters is kept as its SHA-256."""
+    if spec.startswith(HEADER_PREFIX):
+        value: Any = first_header(delivery.raw_headers, spec[len(HEADER_PREFIX) :].encode())
+    else:
+        try:
+            document = parse_json(delivery.body if message.body is None else message.body)
+        except BadDelivery:
+            return None
+        value = resolve_pointer(document, spec)
+    if isinstance(value, bool) or not isinstance(value, str | int | float) or value == "":
+        return None
+    key = str(value)
+    if len(key) > MAX_ORDERING_KEY:
+        key = "sha256:" + hashlib.sha256(key.encode("utf-8", "backslashreplace")).hexdigest()
+    return key

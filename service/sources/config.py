@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from service.core.settings import ConfigError
 from service.sources.filters import PayloadFilter
+from service.sources.jsonpointer import validate_pointer
 
 # Values people leave in a config file meaning "fill me in"; starting with one would make
 # every delivery verify against a guessable key.
@@ -83,6 +84,23 @@ class ForwardConfig(BaseModel):
 
 
 DESTINATION_NAME = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+HEADER_PREFIX = "header:"
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def check_ordering_key(value: str) -> str:
+    """`/a/json/pointer` into the body, or `header:Name`: refused at start otherwise."""
+    if value.startswith(HEADER_PREFIX):
+        name = value[len(HEADER_PREFIX) :]
+        if not _HTTP_TOKEN.fullmatch(name):
+            raise ValueError(f"{name!r} is not a header name (header:X-Shop-Domain)")
+        return HEADER_PREFIX + name.lower()
+    if not value.startswith("/"):
+        raise ValueError(
+            "an ordering key is a JSON pointer into the body (/data/object/customer) or a "
+            "header (header:X-Shop-Domain)"
+        )
+    return validate_pointer(value)
 
 
 class DestinationConfig(BaseModel):
@@ -119,6 +137,9 @@ class SourceConfig(BaseModel):
     handlers: list[HandlerTarget] = Field(default_factory=list)
     handler: list[HandlerSpec] = Field(default_factory=list)
     forward: ForwardConfig | None = None
+    # Messages with the same key are processed one at a time, in the order they were accepted
+    # (`/json/pointer` or `header:Name`; a message without the key is unordered).
+    ordering_key: Annotated[str, AfterValidator(check_ordering_key)] | None = None
     # Named destinations, each with its own filter and state; instead of the three keys
     # above, which are one destination without a name (checked in `build_pipeline`).
     destinations: dict[Annotated[str, Field(pattern=DESTINATION_NAME)], DestinationConfig] = Field(

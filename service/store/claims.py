@@ -204,6 +204,16 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
 NOT_PAUSED = "source <> ALL(ARRAY(SELECT p.source FROM inbox_source_pauses AS p))"
 NOT_PAUSED_M = f"m.{NOT_PAUSED}"
 
+# A message with an ordering key waits while an earlier message of its key is unfinished
+# (pending, retrying, processing or dead: 0012's partial index holds exactly those), so one
+# key's messages run one at a time, in id order, whichever worker or process claims them: a
+# claim sees the earlier one unfinished until the transaction that finishes it commits.
+# `{m}`: the claimed row's alias.
+IN_ORDER = """({m}ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM inbox_messages AS e
+         WHERE e.source = {m}source AND e.ordering_key = {m}ordering_key AND e.id < {m}id
+           AND e.ordering_key IS NOT NULL AND e.status NOT IN ('processed', 'discarded')))"""
+
 CLAIM = """
     WITH due AS (
         SELECT id
@@ -212,6 +222,7 @@ CLAIM = """
            AND next_attempt_at <= now()
            AND source = ANY($1::text[])
            AND {not_paused}
+           AND {in_order}
            AND run_alone = {alone}
          ORDER BY next_attempt_at, id
          LIMIT $3
@@ -227,8 +238,12 @@ CLAIM = """
     RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
               m.headers, m.body, m.content_type, m.trace_context, m.budget_start
 """
-CLAIM_DUE = CLAIM.format(alone="false", not_paused=NOT_PAUSED)
-CLAIM_ALONE = CLAIM.format(alone="true", not_paused=NOT_PAUSED)
+CLAIM_DUE = CLAIM.format(
+    alone="false", not_paused=NOT_PAUSED, in_order=IN_ORDER.format(m="inbox_messages.")
+)
+CLAIM_ALONE = CLAIM.format(
+    alone="true", not_paused=NOT_PAUSED, in_order=IN_ORDER.format(m="inbox_messages.")
+)
 
 
 # The claim's plan must not depend on statistics. A backlog the planner has not seen yet (a
@@ -373,6 +388,7 @@ LOCK_DUE = f"""
        AND m.next_attempt_at <= now()
        AND m.source = ANY($1::text[])
        AND {NOT_PAUSED_M}
+       AND {IN_ORDER.format(m="m.")}
        AND NOT m.run_alone
        AND (c.locked_until IS NULL OR c.locked_until < now())
      ORDER BY m.next_attempt_at, m.id

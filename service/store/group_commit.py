@@ -32,12 +32,12 @@ log = logging.getLogger(__name__)
 # Rows arrive deduplicated (each key once, with `received`, the number of times the batch
 # holds it) and sorted by (source, message_id), so two batches that share keys lock them in
 # the same order instead of deadlocking.
-# - The rows come as one JSON document ($1: an array of [source, message_id, event_type,
-#   headers, content_type, done, received, trace_context]) and their bodies as a bytea array
-#   ($2), in the same order. The driver encodes an array parameter element by element, with
-#   checks on each: nine arrays cost the HTTP process more CPU than one document orjson
-#   writes in a C call (docs/benchmarks.md, "What holds ingest at 32 connections"). Row n
-#   is element n - 1 of the document, read by index, so the rows keep the bodies' order.
+# - The rows come as one JSON document ($1: an array of [source, message_id, event_type, headers,
+#   content_type, done, received, trace_context[, ordering_key]]) and their bodies as a bytea array
+#   ($2), in the same order. The driver encodes an array parameter element by element, with checks
+#   on each: nine arrays cost the HTTP process more CPU than one document orjson writes in a C call
+#   (docs/benchmarks.md, "What holds ingest at 32 connections"). Row n is element n - 1 of the
+#   document, read by index, so the rows keep the bodies' order.
 # - `xmax = 0` in RETURNING tells the rows this statement inserted from those it updated
 #   (an updated row carries our own transaction id as its xmax).
 # - A message of a source with nothing to run (no handlers, no forward) is stored `processed`
@@ -51,11 +51,11 @@ _ROWS = """unnest($2::bytea[]) WITH ORDINALITY AS b(body, n)
 _INSERT_ROWS = """
     INSERT INTO inbox_messages AS m (source, message_id, event_type, headers, body,
                                      content_type, status, processed_at, receive_count,
-                                     trace_context)
+                                     trace_context, ordering_key)
     SELECT r->>0, r->>1, r->>2, r->3, body, r->>4,
            CASE WHEN (r->5)::boolean THEN 'processed' ELSE 'pending' END,
            CASE WHEN (r->5)::boolean THEN now() END,
-           (r->6)::int, nullif(r->7, 'null')
+           (r->6)::int, nullif(r->7, 'null'), r->>8
       FROM {rows}"""
 _BATCH = f"""
 WITH written AS ({_INSERT_ROWS.format(rows=_ROWS)}
@@ -505,18 +505,19 @@ class GroupCommitter:
         for key in sorted(first):
             entry, message = first[key]
             trace_context = message.trace_context
-            rows.append(
-                (
-                    entry.source,
-                    message.message_id,
-                    message.event_type,
-                    entry.headers,
-                    message.content_type or entry.content_type,
-                    entry.processed,
-                    received[key],
-                    None if trace_context is None else dict(trace_context),
-                )
+            row: tuple[Any, ...] = (
+                entry.source,
+                message.message_id,
+                message.event_type,
+                entry.headers,
+                message.content_type or entry.content_type,
+                entry.processed,
+                received[key],
+                None if trace_context is None else dict(trace_context),
             )
+            if message.ordering_key is not None:  # else r->>8 is null: unordered
+                row += (message.ordering_key,)
+            rows.append(row)
             bodies.append(entry.body if message.body is None else message.body)
         try:
             document = orjson.dumps(rows).decode()

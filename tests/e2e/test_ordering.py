@@ -1,0 +1,131 @@
+"""Ordering keys (issue 52 item 1) across real `webhook-inbox worker` processes: each key's
+messages are processed one at a time in the order they were accepted, while different keys
+run concurrently; a SIGKILL mid-run changes none of it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.processing_helpers import create_effects, wait_until
+from tests.worker_process import start_worker, stop, wait_listening
+
+pytestmark = pytest.mark.slow
+
+KEYS, PER_KEY = 50, 40
+TOTAL = KEYS * PER_KEY
+
+TOML = """
+[sources.hooks]
+kind = "generic"
+id_header = "X-Message-Id"
+ordering_key = "/key"
+handlers = ["tests.handlers:record_span"]
+max_attempts = 10
+backoff_base_seconds = 0.05
+backoff_max_seconds = 0.2
+"""
+
+SETTINGS = {
+    "INBOX_WORKER_BATCH_SIZE": "20",
+    "INBOX_WORKER_CONCURRENCY": "2",
+    "INBOX_WORKER_LEASE_MARGIN_SECONDS": "1",
+}
+
+# Accepted interleaved: message g has key g % 50, so each key's 40 messages are spread over
+# the whole backlog, as ingest stores them (tests/integration/test_ordering.py covers ingest).
+INSERT = """
+INSERT INTO inbox_messages (source, message_id, body, content_type, ordering_key)
+SELECT 'hooks', 'm' || g, convert_to(json_build_object('key', 'k' || (g % 50))::text, 'UTF8'),
+       'application/json', 'k' || (g % 50)
+  FROM generate_series(1, $1) AS g
+"""
+PROCESSED = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
+
+
+async def enqueue(db: asyncpg.Connection) -> None:
+    await db.execute(INSERT, TOTAL)
+    await db.execute("NOTIFY webhook_inbox, 'hooks'")
+
+
+async def assert_in_order_and_apart(db: asyncpg.Connection) -> float:
+    """Each key's effects in acceptance (inbox id) order, none overlapping another of its key,
+    one per message; returns the largest number of keys that ran at one moment."""
+    rows = await db.fetch("SELECT inbox_id, payload FROM effects ORDER BY id")
+    assert len(rows) == TOTAL
+    assert len({r["inbox_id"] for r in rows}) == TOTAL  # nothing twice, nothing lost
+    by_key: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    spans = []
+    for r in rows:
+        span = json.loads(r["payload"])
+        by_key[span["key"]].append((r["inbox_id"], span["start"], span["end"]))
+        spans.append((span["start"], span["end"]))
+    assert len(by_key) == KEYS
+    for key, effects in by_key.items():
+        by_start = sorted(effects, key=lambda e: e[1])
+        ids = [e[0] for e in by_start]
+        assert ids == sorted(ids), f"{key} ran out of order: {ids[:10]}"
+        for earlier, later in itertools.pairwise(by_start):
+            assert earlier[2] <= later[1], f"{key}: {earlier[0]} and {later[0]} overlapped"
+    # Different keys did run at once (else ordering would be a global lock).
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await create_effects(db)
+    workers = [start_worker(database_url, TOML, tmp_path, f"w{i}", **SETTINGS) for i in range(3)]
+    try:
+        await wait_listening(db, 3)
+        await enqueue(db)
+        await wait_until(db, PROCESSED, TOTAL, 120)
+    finally:
+        codes = [await stop(w) for w in workers]
+    assert codes == [0, 0, 0]
+    peak = await assert_in_order_and_apart(db)
+    actors = await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts")
+    print(f"{TOTAL} messages, {KEYS} keys, 3 processes: up to {peak} keys at once")
+    assert actors == 3
+    assert peak >= 2
+
+
+async def test_a_sigkill_mid_run_leaves_every_key_ordered_and_nothing_twice(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await create_effects(db)
+    workers = [start_worker(database_url, TOML, tmp_path, f"w{i}", **SETTINGS) for i in range(3)]
+    try:
+        await wait_listening(db, 3)
+        await enqueue(db)
+        deadline = time.monotonic() + 60
+        victim = workers[0]
+        holding = "SELECT count(*) FROM inbox_claims WHERE actor LIKE '%:' || $1::text"
+        while await db.fetchval(PROCESSED) < TOTAL // 4 or not await db.fetchval(
+            holding, str(victim.pid)
+        ):
+            assert time.monotonic() < deadline, "no batch of the first process in flight"
+            await asyncio.sleep(0.005)
+        victim.send_signal(signal.SIGKILL)  # mid-batch: its claims are abandoned
+        workers[0].wait()
+        await wait_until(db, PROCESSED, TOTAL, 120)
+    finally:
+        for w in workers[1:]:
+            await stop(w)
+    await assert_in_order_and_apart(db)
+    abandoned = await db.fetchval("SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'")
+    print(f"SIGKILL mid-run: {abandoned} attempts abandoned, every key still in order")
+    assert abandoned > 0  # the kill landed inside a batch
