@@ -378,3 +378,10 @@ async def record_span(message: InboxMessage, ctx: HandlerContext) -> None:
     await ctx.session.execute(
         INSERT_EFFECT, {**effect_fields(message), "payload": json.dumps(span)}
     )
+
+
+async def record_unless_poison(message: InboxMessage, ctx: HandlerContext) -> None:
+    """`record`, but a body with `"poison": true` always fails."""
+    if isinstance(message.payload, dict) and message.payload.get("poison"):
+        raise RuntimeError("poison message")
+    await record(message, ctx)

@@ -49,6 +49,8 @@ def describe_detail(detail: MessageDetail) -> str:
         ("next attempt", detail.next_attempt_at.isoformat()),
         ("processed", detail.processed_at.isoformat() if detail.processed_at else None),
         ("last error", detail.last_error),
+        ("ordering key", detail.ordering_key),
+        ("held behind", None if detail.held_behind is None else f"message {detail.held_behind}"),
         ("content type", detail.content_type),
     ]
     lines = [f"{name + ':':<14}{'-' if value is None else value}" for name, value in fields]

@@ -184,6 +184,19 @@ GET_ATTEMPTS = text(
       FROM inbox_attempts WHERE message_id = :id ORDER BY id
     """
 )
+# A message's ordering key, and the earliest unfinished message of its key before it, which
+# it waits for (0012): none for a finished message, or one without a key.
+HELD_BEHIND = text(
+    """
+    SELECT m.ordering_key,
+           (SELECT min(e.id) FROM inbox_messages AS e
+             WHERE m.status NOT IN ('processed', 'discarded')
+               AND e.source = m.source AND e.ordering_key = m.ordering_key AND e.id < m.id
+               AND e.ordering_key IS NOT NULL
+               AND e.status NOT IN ('processed', 'discarded')) AS held_behind
+      FROM inbox_messages AS m WHERE m.id = :id
+    """
+)
 # Where a message stands with each named destination that has run for it (0010).
 GET_DESTINATIONS = text(
     """
@@ -216,7 +229,9 @@ async def get_message(engine: AsyncEngine, message_id: int) -> dict[str, Any]:
             raise MessageNotFound(message_id)
         attempts = [dict(a._mapping) for a in await conn.execute(GET_ATTEMPTS, {"id": message_id})]
         destinations = await conn.execute(GET_DESTINATIONS, {"id": message_id})
+        ordering = (await conn.execute(HELD_BEHIND, {"id": message_id})).one()
     message = dict(row._mapping)
+    message["ordering_key"], message["held_behind"] = ordering.ordering_key, ordering.held_behind
     message["attempt_history"] = attempts
     message["destinations"] = [dict(d._mapping) for d in destinations]
     return message

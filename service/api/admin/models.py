@@ -211,6 +211,17 @@ class MessageDetail(MessageSummary):
         "the message (or been replayed to), by name; the message's `status` summarises them. "
         "Empty for a source without named destinations.",
     )
+    ordering_key: str | None = Field(
+        default=None,
+        description="The source's `ordering_key` of the message: messages with one key are "
+        "processed one at a time, in the order they were accepted. Null: unordered.",
+    )
+    held_behind: int | None = Field(
+        default=None,
+        description="The inbox id of the earlier message of its key that this one waits for "
+        "(pending, retrying, processing or dead); discard or retry that one to release it. "
+        "Null when it waits for none.",
+    )
     trace_id: str | None = Field(
         default=None,
         description="The W3C trace id of the delivery's trace (32 hex digits), to look the "
