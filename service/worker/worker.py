@@ -181,6 +181,11 @@ class Worker:
         self._isolate_until: dict[str, float] = {}  # source -> time.monotonic()
         self._last_batch = -math.inf  # when a batch last began (the event loop's clock)
         self._lingering: asyncio.TimerHandle | None = None
+        # A batch just finished messages with an ordering key: the next of each key may be
+        # due now, so claim again at once instead of waiting for a wake-up (a partial batch
+        # does not mean an empty backlog when keys hold messages back).
+        self._ordered = {name for name, p in self.pipelines.items() if p.config.ordering_key}
+        self._released_followers = False
 
     # Waking --------------------------------------------------------------------------------
 
@@ -321,8 +326,9 @@ class Worker:
                         await asyncio.wait_for(stop.wait(), pause)
                     wake.set()
                     break
-                if claimed < self.options.batch_size:
+                if claimed < self.options.batch_size and not self._released_followers:
                     break
+                self._released_followers = False
                 self.wake_one()  # a full batch: more may be waiting, let another loop help
 
     async def run_batch(self) -> int:
@@ -577,6 +583,8 @@ class Worker:
                     sources={row.id: row.source for row in fanning},
                 )
         # Committed: effects and processed marks together.
+        if self._ordered and any(row.source in self._ordered for row in rows):
+            self._released_followers = True
         if abandoned:
             log.warning("expired claims reaped", extra={"count": len(abandoned)})
         self._count([*rows, *abandoned], results)
@@ -639,6 +647,8 @@ class Worker:
             )
         )
         recorded = await record_results(self.engine, results, self.actor, leased=True)
+        if self._ordered and any(row.source in self._ordered for row in rows):
+            self._released_followers = True
         self._count(rows, [r for r in results if r.id in recorded])
         for result in results:
             if result.id not in recorded:

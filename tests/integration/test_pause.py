@@ -30,7 +30,7 @@ async def burst(client: httpx.AsyncClient, prefix: str, count: int = BURST) -> l
     return [r.json()["status"] for r in replies]
 
 
-async def test_a_paused_source_accepts_every_delivery_claims_none_and_resumes_in_order(
+async def test_a_paused_source_accepts_every_delivery_claims_none_and_resume_drains_it(
     worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     async with worker_for(CONFIG, admin_tokens=[TOKEN]) as client:
