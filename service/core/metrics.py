@@ -174,6 +174,20 @@ class Metrics:
             ["source", "destination", "outcome"],
             registry=self.registry,
         )
+        self.rate_limited_claims = Counter(
+            "webhook_inbox_rate_limit_claimed",
+            "Messages of rate-limited sources claimed within their rate_limit, by source: its "
+            "rate() is the source's current processing rate.",
+            ["source"],
+            registry=self.registry,
+        )
+        self.rate_limit_waits = Counter(
+            "webhook_inbox_rate_limit_wait_seconds",
+            "Time rate-limited sources' backlogs waited for their bucket to refill, by source "
+            "(summed over the workers' waits): above zero, the limit is what holds them.",
+            ["source"],
+            registry=self.registry,
+        )
         self.handler_duration = Histogram(
             "webhook_inbox_handler_duration_seconds",
             "Time one processing attempt spent in the source's handlers or forwarding.",
@@ -313,6 +327,12 @@ class Metrics:
         _child(
             self._attempt_counters, self.destination_attempts, source, destination, outcome
         ).inc()
+
+    def rate_limit_claimed(self, source: str, count: int) -> None:
+        self.rate_limited_claims.labels(source).inc(count)
+
+    def rate_limit_waited(self, source: str, seconds: float) -> None:
+        self.rate_limit_waits.labels(source).inc(seconds)
 
     def pruned(self, by_status: Mapping[str, int]) -> None:
         for status, count in by_status.items():

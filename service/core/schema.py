@@ -298,6 +298,21 @@ class SourcePause(InboxTable, table=True):
     actor: str | None = Field(default=None, sa_column=Column(Text))
 
 
+class RateBucket(InboxTable, table=True):
+    """`inbox_rate_limits`: each rate-limited source's token bucket, shared by every process
+    on the database (0013): a claim takes tokens, one a message, refilled at the source's rate
+    up to its burst."""
+
+    __tablename__ = "inbox_rate_limits"
+
+    source: str = Field(sa_column=Column(Text, primary_key=True))
+    tokens: float = Field(sa_column=Column(Double, nullable=False))
+    refilled_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+
+
 class AlertWatermark(InboxTable, table=True):
     """`inbox_alert_watermarks`: per alert target and source, the last dead-letter attempt
     notified and when (0004)."""

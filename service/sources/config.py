@@ -84,6 +84,44 @@ class ForwardConfig(BaseModel):
 
 
 DESTINATION_NAME = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+_RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*/\s*(s|m)\s*")
+
+
+class RateLimit(BaseModel):
+    """`rate_limit = "100/s"` (or `"/m"`): how many of a source's messages may be claimed per
+    second, by every process on the database together. Bursts are bounded by the bucket: at
+    most one second's worth (at least one message) at once."""
+
+    model_config = ConfigDict(frozen=True)
+
+    per_second: float
+    text: str
+
+    @property
+    def burst(self) -> float:
+        return max(1.0, self.per_second)
+
+
+def parse_rate_limit(value: Any) -> Any:
+    if isinstance(value, RateLimit):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f'write a rate limit as a string, as in "100/s", not {value!r}')
+    match = _RATE.fullmatch(value)
+    if match is None:
+        raise ValueError(
+            'write a rate limit as a count per second or minute, as in "100/s" or "30/m", '
+            f"not {value!r}"
+        )
+    count = float(match.group(1))
+    if count <= 0:
+        raise ValueError(f"a rate limit must be above zero, not {value!r}")
+    per_second = count if match.group(2) == "s" else count / 60
+    if per_second > 100_000:
+        raise ValueError(f"a rate limit is at most 100000/s, not {value!r}")
+    return RateLimit(per_second=per_second, text=value.strip())
+
+
 HEADER_PREFIX = "header:"
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
@@ -140,6 +178,9 @@ class SourceConfig(BaseModel):
     # Messages with the same key are processed one at a time, in the order they were accepted
     # (`/json/pointer` or `header:Name`; a message without the key is unordered).
     ordering_key: Annotated[str, AfterValidator(check_ordering_key)] | None = None
+    # Messages claimed per second (by every process on the database together): those over it
+    # wait as `pending`, spending no attempt.
+    rate_limit: Annotated[RateLimit, BeforeValidator(parse_rate_limit)] | None = None
     # Named destinations, each with its own filter and state; instead of the three keys
     # above, which are one destination without a name (checked in `build_pipeline`).
     destinations: dict[Annotated[str, Field(pattern=DESTINATION_NAME)], DestinationConfig] = Field(

@@ -25,7 +25,9 @@ from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
 from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry_failure
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope, run_handlers
+from service.sources.config import RateLimit
 from service.sources.config_file import InboxConfig
+from service.store import rate_limits
 from service.store.claims import (
     RESTORE_PLANS,
     AttemptResult,
@@ -115,6 +117,9 @@ class _Claimed:
     leased: bool
     rows: list[MessageRow] = field(default_factory=list)
     locked: bool = False  # lock_due has run (the first transaction)
+    # One rate-limited source's claim: its lease, and how many its tokens allow.
+    sources: dict[str, float] | None = None
+    limit: int | None = None
 
 
 class WorkerCrashed(Exception):
@@ -168,13 +173,23 @@ class Worker:
         }
         # Python handlers' sources are claimed by locking their rows in the batch's own
         # transaction (0008); forwards' by leasing them, since no transaction spans the call.
+        # Rate-limited sources are claimed one at a time, as many as their shared bucket
+        # allows (`_run_limited`), apart from the others.
+        self._limited = {
+            name: limit
+            for name, p in sorted(self.pipelines.items())
+            if (limit := p.config.rate_limit) is not None
+        }
+        self._limited_backlog = dict.fromkeys(self._limited, True)
         self._locking = {
             name: lease
             for name, lease in self._leases.items()
-            if self.pipelines[name].forward is None
+            if self.pipelines[name].forward is None and name not in self._limited
         }
         self._forwarding = {
-            name: lease for name, lease in self._leases.items() if name not in self._locking
+            name: lease
+            for name, lease in self._leases.items()
+            if self.pipelines[name].forward is not None and name not in self._limited
         }
         self._gate = Gate()
         self._alone_due = False
@@ -346,11 +361,47 @@ class Worker:
                 rows = await claim_due(self.engine, self._forwarding, self.options.batch_size)
                 await self._run_claimed(rows)
                 forwarded = len(rows)
+            for source, limit in self._limited.items():
+                locked += await self._run_limited(source, limit)
         if not (locked or forwarded) and self._last_batch == began:
             self._last_batch = previous
             if self._stop_lingering():  # a notification this look was holding back
                 self._notified()
         return max(locked, forwarded)
+
+    async def _run_limited(self, source: str, limit: RateLimit) -> int:
+        """Claim and run as many of `source`'s due messages as its bucket allows now (shared
+        by every process on the database); the number claimed. When the bucket is empty while
+        messages may be waiting, a wake-up is set for when the next token is due: a message
+        over the limit waits as `pending`, no attempt spent."""
+        want = self.options.batch_size
+        taken = await rate_limits.take(self.engine, source, limit.per_second, limit.burst, want)
+        if not taken.granted:
+            if self._limited_backlog[source]:
+                self._wake_later(taken.wait_seconds)
+                if self.metrics is not None:
+                    self.metrics.rate_limit_waited(source, taken.wait_seconds)
+            return 0
+        lease = {source: self._leases[source]}
+        if self.pipelines[source].forward is None:
+            claimed = await self._run_handlers(
+                _Claimed(leased=False, sources=lease, limit=taken.granted)
+            )
+        else:
+            rows = await claim_due(self.engine, lease, taken.granted)
+            await self._run_claimed(rows)
+            claimed = len(rows)
+        await rate_limits.give_back(self.engine, source, limit.burst, taken.granted - claimed)
+        if self.metrics is not None and claimed:
+            self.metrics.rate_limit_claimed(source, claimed)
+        # Claimed all it was allowed: more may be due, once the bucket has refilled.
+        self._limited_backlog[source] = claimed == taken.granted
+        if claimed == taken.granted and taken.granted < want:
+            self._wake_later(1.0 / limit.per_second)
+        return claimed
+
+    def _wake_later(self, seconds: float) -> None:
+        asyncio.get_running_loop().call_later(max(seconds, 0.001), self.wake_one)
 
     async def run_alone(self) -> int:
         """Run the due messages whose last attempt never finished, each on its own: nothing
@@ -448,8 +499,10 @@ class Worker:
         if claimed.leased or claimed.locked:
             return await hold_claimed(conn, claimed.rows, leased=claimed.leased), []
         claimed.locked = True
-        batch = await lock_due(conn, list(self._locking), self.options.batch_size)
-        await record_claims(self.engine, batch.rows, self._locking, self.actor)
+        sources = self._locking if claimed.sources is None else claimed.sources
+        limit = self.options.batch_size if claimed.limit is None else claimed.limit
+        batch = await lock_due(conn, list(sources), limit)
+        await record_claims(self.engine, batch.rows, sources, self.actor)
         claimed.rows = batch.rows  # counted, committed
         return {row.id for row in batch.rows}, batch.abandoned
 

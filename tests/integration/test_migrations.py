@@ -51,6 +51,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_alert_watermarks",
             "inbox_destinations",
             "inbox_source_pauses",
+            "inbox_rate_limits",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None

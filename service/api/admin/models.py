@@ -304,6 +304,24 @@ class SourceStats(BaseModel):
     )
 
 
+class RateLimitStats(BaseModel):
+    source: str = Field(description="A source with a `rate_limit`.")
+    rate_limit: str = Field(description="Its limit, as configured (`100/s`, `30/m`).")
+    per_second: float = Field(description="The limit in messages a second.")
+    current_per_second: float = Field(
+        description="Messages of the source whose attempt started in the last 10 seconds, a "
+        "second: what the workers are claiming now, all processes together."
+    )
+    tokens: float = Field(
+        description="Messages that may be claimed at once now (the shared bucket, refilled at "
+        "the limit up to one second's worth)."
+    )
+    wait_seconds: float = Field(
+        description="How long a message over the limit waits for the next token now; 0 when "
+        "one is there."
+    )
+
+
 class Stats(BaseModel):
     total: int = Field(description="All messages in the inbox.")
     by_status: dict[str, int] = Field(description="Messages by status, every status listed.")
@@ -317,6 +335,9 @@ class Stats(BaseModel):
         description="Of those, attempts that failed (the message was retried or dead-lettered)."
     )
     admin_actions_last_hour: int = Field(description="Admin retries, replays and discards.")
+    rate_limits: list[RateLimitStats] = Field(
+        default_factory=list, description="Each rate-limited source's rate and wait, by name."
+    )
 
 
 class HandlerInfo(BaseModel):

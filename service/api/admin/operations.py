@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Annotated
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.admin.models import (
@@ -17,6 +19,7 @@ from service.api.admin.models import (
     HandlerInfo,
     MinuteActivity,
     PruneResult,
+    RateLimitStats,
     SourceInfo,
     SourceList,
     SourcePause,
@@ -26,10 +29,11 @@ from service.api.admin.models import (
 from service.api.state import StateDep
 from service.core.schema import UNFINISHED
 from service.sources.base import AnySource
-from service.sources.config import DestinationConfig, ForwardConfig, SourceConfig
+from service.sources.config import DestinationConfig, ForwardConfig, RateLimit, SourceConfig
 from service.store import admin as store
 from service.store import pauses
 from service.store.counts import ProcessedCounts, status_counts
+from service.store.errors import translate_errors
 from service.worker.retention import prune
 
 router = APIRouter(tags=["admin: operations"])
@@ -42,7 +46,61 @@ async def stats(state: StateDep) -> Stats:
     Every status but `processed` is counted at each call. On a large inbox, the count of
     processed messages is reused for up to ten times as long as it took to make.
     """
-    return await collect_stats(state.engine, state.processed_counts)
+    stats = await collect_stats(state.engine, state.processed_counts)
+    limits = {
+        name: limit
+        for name, source in state.inbox.sources.items()
+        if (limit := source.config.rate_limit) is not None
+    }
+    if limits:
+        stats.rate_limits = await rate_limit_stats(state.engine, limits)
+    return stats
+
+
+RECENT_STARTS = text(
+    """
+    SELECT m.source, count(*) AS n
+      FROM inbox_attempts AS a JOIN inbox_messages AS m ON m.id = a.message_id
+     WHERE a.started_at > now() - interval '10 seconds' AND m.source = ANY(:sources)
+     GROUP BY m.source
+    """
+)
+BUCKETS = text(
+    """
+    SELECT source, tokens, extract(epoch FROM clock_timestamp() - refilled_at) AS idle
+      FROM inbox_rate_limits WHERE source = ANY(:sources)
+    """
+)
+
+
+async def rate_limit_stats(
+    engine: AsyncEngine, limits: Mapping[str, RateLimit]
+) -> list[RateLimitStats]:
+    """Each rate-limited source's current rate (attempts started in the last 10 s) and its
+    shared bucket as it stands now."""
+    names = {"sources": list(limits)}
+    async with translate_errors(), engine.connect() as conn:
+        recent = {r.source: int(r.n) for r in await conn.execute(RECENT_STARTS, names)}
+        buckets = {r.source: r for r in await conn.execute(BUCKETS, names)}
+    found = []
+    for name, limit in sorted(limits.items()):
+        bucket = buckets.get(name)
+        tokens = (
+            limit.burst
+            if bucket is None
+            else min(limit.burst, bucket.tokens + limit.per_second * float(bucket.idle))
+        )
+        found.append(
+            RateLimitStats(
+                source=name,
+                rate_limit=limit.text,
+                per_second=limit.per_second,
+                current_per_second=recent.get(name, 0) / 10,
+                tokens=round(tokens, 3),
+                wait_seconds=round(max(0.0, (1 - tokens) / limit.per_second), 3),
+            )
+        )
+    return found
 
 
 async def collect_stats(engine: AsyncEngine, processed: ProcessedCounts | None = None) -> Stats:
