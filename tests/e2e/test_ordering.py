@@ -114,11 +114,11 @@ async def test_a_sigkill_mid_run_leaves_every_key_ordered_and_nothing_twice(
         deadline = time.monotonic() + 60
         victim = workers[0]
         holding = "SELECT count(*) FROM inbox_claims WHERE actor LIKE '%:' || $1::text"
-        while await db.fetchval(PROCESSED) < TOTAL // 4 or not await db.fetchval(
-            holding, str(victim.pid)
-        ):
+        # Once some messages are done, at the first moment the first process holds claims.
+        while await db.fetchval(PROCESSED) < 50 or not await db.fetchval(holding, str(victim.pid)):
             assert time.monotonic() < deadline, "no batch of the first process in flight"
-            await asyncio.sleep(0.005)
+            assert await db.fetchval(PROCESSED) < TOTAL, "all done before a batch was caught"
+            await asyncio.sleep(0.002)
         victim.send_signal(signal.SIGKILL)  # mid-batch: its claims are abandoned
         workers[0].wait()
         await wait_until(db, PROCESSED, TOTAL, 120)
