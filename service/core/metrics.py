@@ -188,6 +188,14 @@ class Metrics:
             ["source"],
             registry=self.registry,
         )
+        self.breaker_transitions = Counter(
+            "webhook_inbox_breaker_transitions",
+            "Circuit breaker changes of sources' forwards, by source and change: opened (after "
+            "breaker_failures failures in a row), reopened (a probe failed), closed (a probe "
+            "succeeded).",
+            ["source", "change"],
+            registry=self.registry,
+        )
         self.handler_duration = Histogram(
             "webhook_inbox_handler_duration_seconds",
             "Time one processing attempt spent in the source's handlers or forwarding.",
@@ -333,6 +341,9 @@ class Metrics:
 
     def rate_limit_waited(self, source: str, seconds: float) -> None:
         self.rate_limit_waits.labels(source).inc(seconds)
+
+    def breaker_changed(self, source: str, change: str) -> None:
+        self.breaker_transitions.labels(source, change).inc()
 
     def pruned(self, by_status: Mapping[str, int]) -> None:
         for status, count in by_status.items():

@@ -313,6 +313,29 @@ class RateBucket(InboxTable, table=True):
     )
 
 
+class Breaker(InboxTable, table=True):
+    """`inbox_breakers`: the circuit breaker of each source's forward, shared by every process
+    (0014). `open_until` set: open (no claim) until then, then one probe (`probing_until`, its
+    lease) decides."""
+
+    __tablename__ = "inbox_breakers"
+
+    source: str = Field(sa_column=Column(Text, primary_key=True))
+    failures: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    open_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    probing_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    opened_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    # Calls the claims in flight may make, of the failures left before it opens, until
+    # `reserved_until` (their lease: a crashed worker's reservation lapses).
+    reserved: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    reserved_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
 class AlertWatermark(InboxTable, table=True):
     """`inbox_alert_watermarks`: per alert target and source, the last dead-letter attempt
     notified and when (0004)."""

@@ -17,6 +17,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.metrics import Metrics
+from service.core.schema import Status
 from service.core.settings import Settings
 from service.processing.attempt_spans import in_attempt_span
 from service.processing.fanout import run_destinations
@@ -27,7 +28,7 @@ from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope, run_handlers
 from service.sources.config import RateLimit
 from service.sources.config_file import InboxConfig
-from service.store import rate_limits
+from service.store import breakers, rate_limits
 from service.store.claims import (
     RESTORE_PLANS,
     AttemptResult,
@@ -122,6 +123,19 @@ class _Claimed:
     limit: int | None = None
 
 
+# Failures that say the endpoint is down, not that it refused the message: they count
+# towards opening its circuit.
+CIRCUIT_FAILURES = frozenset({"ForwardConnectionError", "ForwardTimeout"})
+
+
+def breaks_circuit(result: AttemptResult) -> bool:
+    if result.status == Status.PROCESSED:
+        return False
+    if result.error_type in CIRCUIT_FAILURES:
+        return True
+    return result.error_type == "ForwardFailed" and (result.error or "").startswith("HTTP 5")
+
+
 class WorkerCrashed(Exception):
     """A side task (listener, poller) or claim loop died; the worker stopped with it."""
 
@@ -200,7 +214,7 @@ class Worker:
         # due now, so claim again at once instead of waiting for a wake-up (a partial batch
         # does not mean an empty backlog when keys hold messages back).
         self._ordered = {name for name, p in self.pipelines.items() if p.config.ordering_key}
-        self._released_followers = False
+        self._claim_again = False
 
     # Waking --------------------------------------------------------------------------------
 
@@ -341,9 +355,9 @@ class Worker:
                         await asyncio.wait_for(stop.wait(), pause)
                     wake.set()
                     break
-                if claimed < self.options.batch_size and not self._released_followers:
+                if claimed < self.options.batch_size and not self._claim_again:
                     break
-                self._released_followers = False
+                self._claim_again = False
                 self.wake_one()  # a full batch: more may be waiting, let another loop help
 
     async def run_batch(self) -> int:
@@ -357,10 +371,8 @@ class Worker:
         async with self._gate.shared():
             if self._locking:
                 locked = await self._run_handlers(_Claimed(leased=False))
-            if self._forwarding:
-                rows = await claim_due(self.engine, self._forwarding, self.options.batch_size)
-                await self._run_claimed(rows)
-                forwarded = len(rows)
+            for source, lease in self._forwarding.items():
+                forwarded += await self._run_guarded(source, lease)
             for source, limit in self._limited.items():
                 locked += await self._run_limited(source, limit)
         if not (locked or forwarded) and self._last_batch == began:
@@ -399,6 +411,52 @@ class Worker:
         if claimed == taken.granted and taken.granted < want:
             self._wake_later(1.0 / limit.per_second)
         return claimed
+
+    async def _run_guarded(self, source: str, lease: float) -> int:
+        """Claim and forward `source`'s due messages as its circuit breaker allows: closed, up
+        to the failures left before it opens; open, none until the cool-down ends (a wake-up
+        is set for then); after it, one probe, whose outcome closes or reopens it. The number
+        claimed."""
+        forward = self.pipelines[source].forward
+        assert forward is not None
+        want = self.options.batch_size
+        admission = await breakers.admit(self.engine, source, forward.breaker_failures, lease, want)
+        if not admission.allowed:
+            self._wake_later(admission.wait_seconds)
+            return 0
+        rows = await claim_due(self.engine, {source: lease}, admission.allowed)
+        results = await self._forward(rows) if rows else []
+        failed = [r for r in results if breaks_circuit(r)]
+        succeeded = sum(r.status == Status.PROCESSED for r in results)
+        if rows or admission.state != "open":  # an unused probe or reservation is given back
+            is_open, opened = await breakers.record(
+                self.engine,
+                source,
+                failed=len(failed),
+                succeeded=succeeded,
+                limit=forward.breaker_failures,
+                cooldown=forward.breaker_cooldown_seconds,
+                error=failed[-1].error if failed else None,
+                released=admission.allowed if admission.state == "closed" else 0,
+            )
+            if is_open:
+                self._wake_later(forward.breaker_cooldown_seconds)
+            if opened:
+                log.warning(
+                    "circuit opened: the forward is left alone for its cool-down",
+                    extra={
+                        "source": source,
+                        "cooldown_s": forward.breaker_cooldown_seconds,
+                        "error": failed[-1].error if failed else None,
+                    },
+                )
+            if self.metrics is not None and (opened or admission.state == "probe"):
+                self.metrics.breaker_changed(
+                    source, "opened" if opened else "reopened" if is_open else "closed"
+                )
+        if rows and len(rows) == admission.allowed and admission.allowed < want:
+            self._claim_again = True  # capped by the breaker, not by the backlog
+        return len(rows)
 
     def _wake_later(self, seconds: float) -> None:
         asyncio.get_running_loop().call_later(max(seconds, 0.001), self.wake_one)
@@ -637,7 +695,7 @@ class Worker:
                 )
         # Committed: effects and processed marks together.
         if self._ordered and any(row.source in self._ordered for row in rows):
-            self._released_followers = True
+            self._claim_again = True
         if abandoned:
             log.warning("expired claims reaped", extra={"count": len(abandoned)})
         self._count([*rows, *abandoned], results)
@@ -688,7 +746,7 @@ class Worker:
                 extra={"error": f"{type(again).__name__}: {again}", "count": len(rows)},
             )
 
-    async def _forward(self, rows: list[MessageRow]) -> None:
+    async def _forward(self, rows: list[MessageRow]) -> list[AttemptResult]:
         assert self._http is not None
         http = self._http
         results = await asyncio.gather(
@@ -701,7 +759,7 @@ class Worker:
         )
         recorded = await record_results(self.engine, results, self.actor, leased=True)
         if self._ordered and any(row.source in self._ordered for row in rows):
-            self._released_followers = True
+            self._claim_again = True
         self._count(rows, [r for r in results if r.id in recorded])
         for result in results:
             if result.id not in recorded:
@@ -709,6 +767,7 @@ class Worker:
                     "forward outcome dropped: the lease expired and another attempt took over",
                     extra={"id": result.id, "attempt": result.attempt},
                 )
+        return list(results)
 
     def _count(self, rows: list[MessageRow], results: list[AttemptResult]) -> None:
         if self.metrics is None:

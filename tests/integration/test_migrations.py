@@ -52,6 +52,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_destinations",
             "inbox_source_pauses",
             "inbox_rate_limits",
+            "inbox_breakers",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None

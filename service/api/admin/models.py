@@ -374,6 +374,19 @@ class DestinationStatsList(BaseModel):
     )
 
 
+class BreakerState(BaseModel):
+    """The circuit breaker of a source's forward, shared by every process."""
+
+    state: Literal["closed", "open", "half_open"] = Field(
+        description="`closed`: forwarding; `open`: left alone until `open_until`, its messages "
+        "waiting with no attempt spent; `half_open`: the cool-down is over, one probe decides."
+    )
+    failures: int = Field(description="Failures in a row (connection errors, timeouts, 5xx).")
+    open_until: datetime | None = Field(description="While open: when the cool-down ends.")
+    opened_at: datetime | None = Field(description="When it last opened, while not closed.")
+    last_error: str | None = Field(description="The last failure that counted (its cause).")
+
+
 class PauseRequest(BaseModel):
     """Who pauses a source's processing, and why: kept with the pause and shown with it."""
 
@@ -422,6 +435,10 @@ class SourceInfo(BaseModel):
     )
     paused: SourcePause | None = Field(
         default=None, description="Its processing's pause, if an operator has paused it."
+    )
+    breaker: BreakerState | None = Field(
+        default=None,
+        description="Its forward's circuit breaker, once it has forwarded; null otherwise.",
     )
 
 

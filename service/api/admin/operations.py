@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Annotated
+from datetime import UTC, datetime
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query
@@ -14,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.api.admin.models import (
     Activity,
     ActivityQuery,
+    BreakerState,
     DestinationInfo,
     ForwardInfo,
     HandlerInfo,
@@ -31,7 +33,7 @@ from service.core.schema import UNFINISHED
 from service.sources.base import AnySource
 from service.sources.config import DestinationConfig, ForwardConfig, RateLimit, SourceConfig
 from service.store import admin as store
-from service.store import pauses
+from service.store import breakers, pauses
 from service.store.counts import ProcessedCounts, status_counts
 from service.store.errors import translate_errors
 from service.worker.retention import prune
@@ -193,15 +195,34 @@ async def sources(state: StateDep) -> SourceList:
     """List the configured sources: kind, mode, handlers, forward URL, destinations, whether
     paused; never a secret."""
     paused = await pauses.pauses(state.engine)
+    circuits = await breakers.states(state.engine)
     return SourceList(
         sources=[
             describe(s).model_copy(
                 update={
-                    "paused": SourcePause.model_validate(paused[name]) if name in paused else None
+                    "paused": SourcePause.model_validate(paused[name]) if name in paused else None,
+                    "breaker": breaker_state(circuits[name]) if name in circuits else None,
                 }
             )
             for name, s in sorted(state.inbox.sources.items())
         ]
+    )
+
+
+def breaker_state(row: Mapping[str, Any]) -> BreakerState:
+    now = datetime.now(UTC)
+    if row["open_until"] is None:
+        state = "closed"
+    elif row["open_until"] > now:
+        state = "open"
+    else:
+        state = "half_open"
+    return BreakerState(
+        state=state,
+        failures=row["failures"],
+        open_until=row["open_until"],
+        opened_at=row["opened_at"],
+        last_error=row["last_error"],
     )
 
 

@@ -65,6 +65,7 @@ class SourceRow:
     counts: dict[str, int]
     oldest_unfinished_seconds: float | None
     paused: SourcePause | None = None
+    circuit: str | None = None  # its forward's breaker when not closed: "open", "half_open"
 
 
 async def overview_context(state: AppState) -> dict[str, Any]:
@@ -73,6 +74,9 @@ async def overview_context(state: AppState) -> dict[str, Any]:
     listed = (await operations.sources(state)).sources
     configured = {s.name: s.kind for s in listed}
     paused = {s.name: s.paused for s in listed}
+    circuits = {
+        s.name: s.breaker.state for s in listed if s.breaker and s.breaker.state != "closed"
+    }
     counted = {s.source: s for s in stats.sources}
     rows = [
         SourceRow(
@@ -81,6 +85,7 @@ async def overview_context(state: AppState) -> dict[str, Any]:
             counted[name].counts if name in counted else {},
             counted[name].oldest_pending_age_seconds if name in counted else None,
             paused.get(name),
+            circuits.get(name),
         )
         for name in sorted(configured.keys() | counted.keys())
     ]

@@ -1,0 +1,57 @@
+"""The circuit breaker on a source's forward (issue 52 item 4): an endpoint that is down costs
+at most `breaker_failures` attempts and one per probe, nothing goes dead because of it, and
+everything is forwarded once it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+
+from tests.admin_seed import AUTH, TOKEN
+from tests.conftest import AppFactory
+from tests.http_server import scripted_server
+from tests.processing_helpers import delivery, source, wait_until
+
+FAILURES, COOLDOWN, OUTAGE = 3, 1.0, 6.0
+MESSAGES = 10
+
+
+async def test_an_endpoint_down_for_a_while_costs_n_attempts_and_the_probes(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    forward = {
+        "url": "",
+        "timeout_seconds": 2,
+        "breaker_failures": FAILURES,
+        "breaker_cooldown_seconds": COOLDOWN,
+    }
+    async with scripted_server(*[(503, {})] * 1000) as server:
+        forward["url"] = server.url
+        config = {"sources": {"hooks": source(forward=forward, max_attempts=10)}}
+        async with worker_for(config, admin_tokens=[TOKEN]) as client:
+            started = time.monotonic()
+            for i in range(MESSAGES):
+                await client.post("/webhooks/hooks", content=b"{}", headers=delivery(f"m-{i}"))
+            await asyncio.sleep(OUTAGE)
+            during = len(server.requests)
+            listed = (await client.get("/admin/sources", headers=AUTH)).json()["sources"]
+            server.script.clear()  # the endpoint is back
+            down_for = time.monotonic() - started
+            await wait_until(
+                db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", MESSAGES
+            )
+            metrics = (await client.get("/metrics")).text
+    probes = int(down_for / COOLDOWN) + 1
+    print(f"{during} calls in {down_for:.1f} s down: {FAILURES} + at most {probes} probes")
+    assert during <= FAILURES + probes, during
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE status = 'dead'") == 0
+    (hooks,) = listed
+    assert hooks["breaker"]["state"] in ("open", "half_open")
+    assert hooks["breaker"]["last_error"].startswith("HTTP 503")
+    assert 'webhook_inbox_breaker_transitions_total{change="opened",source="hooks"} 1.0' in metrics
+    assert 'change="closed",source="hooks"} 1.0' in metrics
+    # Every message forwarded once the endpoint was back.
+    forwarded = [r.headers["idempotency-key"] for r in server.requests[during:]]
+    assert sorted(set(forwarded)) == sorted(f"hooks:m-{i}" for i in range(MESSAGES))
