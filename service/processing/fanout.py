@@ -1,5 +1,6 @@
-"""Running one message's named destinations, each in a savepoint of its own, each with its own
-outcome: a destination that fails is retried alone, and one that is done is never run again.
+"""Running one message's named destinations, each with its own outcome: a destination that
+fails is retried alone, and one that is done is never run again (the batch runs them
+optimistically, or with a savepoint each: `run_destinations`).
 
 A message's row summarises its destinations (`summary_status`), its next attempt the soonest
 of theirs.
