@@ -78,14 +78,18 @@ async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @asynccontextmanager
-async def worker_beside(app: FastAPI) -> AsyncIterator[None]:
+async def worker_beside(app: FastAPI, *, with_alerts: bool = False) -> AsyncIterator[None]:
     """A worker on the app's database and sources, beside it in this event loop (as a
-    processing process of `serve` runs beside the HTTP ones), counting into its metrics."""
+    processing process of `serve` runs beside the HTTP ones), counting into its metrics.
+    `with_alerts`: it reads the sources file's retention and `[alerts]` too, as `serve`'s."""
     state = app.state.inbox
     stop = asyncio.Event()
     url = state.settings.database_url
+    retention = state.inbox if with_alerts else None
     task = asyncio.create_task(
-        run_worker(state.settings, url, state.pipelines, stop, metrics=state.metrics)
+        run_worker(
+            state.settings, url, state.pipelines, stop, metrics=state.metrics, retention=retention
+        )
     )
     try:
         yield
@@ -98,12 +102,16 @@ async def worker_beside(app: FastAPI) -> AsyncIterator[None]:
 def client_for(database_url: str, data_dir: Path) -> AppFactory:
     """`async with client_for(config_dict, **settings) as client:` an app on the test database.
 
-    `run_worker=True` also runs a worker beside it, as `serve` does in another process.
+    `run_worker=True` also runs a worker beside it, as `serve` does in another process;
+    `worker_alerts=True` gives that worker the sources file's retention and `[alerts]`.
     """
 
     @asynccontextmanager
     async def factory(
-        config: dict[str, Any], run_worker: bool = False, **settings: Any
+        config: dict[str, Any],
+        run_worker: bool = False,
+        worker_alerts: bool = False,
+        **settings: Any,
     ) -> AsyncIterator[httpx.AsyncClient]:
         options: dict[str, Any] = {"database_url": database_url, "data_dir": data_dir}
         options.update(settings)
@@ -112,7 +120,7 @@ def client_for(database_url: str, data_dir: Path) -> AppFactory:
             if not run_worker:
                 yield client
                 return
-            async with worker_beside(app):
+            async with worker_beside(app, with_alerts=worker_alerts):
                 yield client
 
     return factory

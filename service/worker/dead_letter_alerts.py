@@ -128,6 +128,37 @@ async def send_notice(
     return False
 
 
+def breaker_text(source: str, error: str | None, cooldown: float) -> str:
+    cause = (error or "no error recorded")[:MAX_ERROR_CHARS]
+    return (
+        f"webhook-inbox: the forward of source `{source}` keeps failing ({cause}); its circuit "
+        f"is open: its messages wait, spending no attempt, and a probe tries again in "
+        f"{cooldown:g} s. GET /admin/sources shows the breaker."
+    )
+
+
+async def send_breaker_notice(
+    client: httpx.AsyncClient, config: AlertsConfig, text: str, fields: dict[str, Any]
+) -> None:
+    """POST a circuit-breaker notice to every alert webhook, one try each (best effort: the
+    breaker's state stays in the admin API and /metrics whatever happens to the notice)."""
+    for secret in config.webhooks:
+        url = secret.get_secret_value()
+        body: dict[str, Any] = {"text": text}
+        if config.format == "json":
+            body |= {"event": "breaker_opened", **fields}
+        try:
+            async with asyncio.timeout(config.timeout_seconds):
+                response = await client.post(url, json=body, timeout=config.timeout_seconds)
+            outcome = f"HTTP {response.status_code}"
+        except (TimeoutError, httpx.HTTPError) as exc:
+            outcome = type(exc).__name__
+        log.info(
+            "circuit-breaker alert posted",
+            extra={**fields, "target": target_key(url), "outcome": outcome},
+        )
+
+
 async def alert_target(
     engine: AsyncEngine,
     client: httpx.AsyncClient,

@@ -51,7 +51,12 @@ from service.store.claims import (
 from service.store.errors import StoreUnavailable
 from service.store.notifications import listen_for_messages
 from service.store.receipts import fold_receipts
-from service.worker.dead_letter_alerts import alert_periodically, start_alerts
+from service.worker.dead_letter_alerts import (
+    alert_periodically,
+    breaker_text,
+    send_breaker_notice,
+    start_alerts,
+)
 from service.worker.gate import Gate
 from service.worker.retention import prune_periodically
 from service.worker.watchdog import LoopWatchdog
@@ -215,6 +220,7 @@ class Worker:
         # does not mean an empty backlog when keys hold messages back).
         self._ordered = {name for name, p in self.pipelines.items() if p.config.ordering_key}
         self._claim_again = False
+        self._notices: set[asyncio.Task[None]] = set()  # circuit-breaker notices being sent
 
     # Waking --------------------------------------------------------------------------------
 
@@ -442,14 +448,16 @@ class Worker:
             if is_open:
                 self._wake_later(forward.breaker_cooldown_seconds)
             if opened:
+                error = failed[-1].error if failed else None
                 log.warning(
                     "circuit opened: the forward is left alone for its cool-down",
                     extra={
                         "source": source,
                         "cooldown_s": forward.breaker_cooldown_seconds,
-                        "error": failed[-1].error if failed else None,
+                        "error": error,
                     },
                 )
+                self._announce_breaker(source, error, forward.breaker_cooldown_seconds)
             if self.metrics is not None and (opened or admission.state == "probe"):
                 self.metrics.breaker_changed(
                     source, "opened" if opened else "reopened" if is_open else "closed"
@@ -457,6 +465,18 @@ class Worker:
         if rows and len(rows) == admission.allowed and admission.allowed < want:
             self._claim_again = True  # capped by the breaker, not by the backlog
         return len(rows)
+
+    def _announce_breaker(self, source: str, error: str | None, cooldown: float) -> None:
+        """Tell the `[alerts]` webhooks that `source`'s circuit opened (this process opened it:
+        one notice per opening), in a task of its own, so no claim waits for the webhook."""
+        alerts = self.retention.alerts if self.retention is not None else None
+        if alerts is None or not alerts.webhooks or self._http is None:
+            return
+        text = breaker_text(source, error, cooldown)
+        fields = {"source": source, "error": error, "cooldown_seconds": cooldown}
+        task = asyncio.create_task(send_breaker_notice(self._http, alerts, text, fields))
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
 
     def _wake_later(self, seconds: float) -> None:
         asyncio.get_running_loop().call_later(max(seconds, 0.001), self.wake_one)

@@ -5,6 +5,7 @@ everything is forwarded once it is back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import asyncpg
@@ -27,10 +28,13 @@ async def test_an_endpoint_down_for_a_while_costs_n_attempts_and_the_probes(
         "breaker_failures": FAILURES,
         "breaker_cooldown_seconds": COOLDOWN,
     }
-    async with scripted_server(*[(503, {})] * 1000) as server:
+    async with scripted_server(*[(503, {})] * 1000) as server, scripted_server() as alerts:
         forward["url"] = server.url
-        config = {"sources": {"hooks": source(forward=forward, max_attempts=10)}}
-        async with worker_for(config, admin_tokens=[TOKEN]) as client:
+        config = {
+            "sources": {"hooks": source(forward=forward, max_attempts=10)},
+            "alerts": {"webhooks": [alerts.url], "format": "json"},
+        }
+        async with worker_for(config, admin_tokens=[TOKEN], worker_alerts=True) as client:
             started = time.monotonic()
             for i in range(MESSAGES):
                 await client.post("/webhooks/hooks", content=b"{}", headers=delivery(f"m-{i}"))
@@ -52,6 +56,13 @@ async def test_an_endpoint_down_for_a_while_costs_n_attempts_and_the_probes(
     assert hooks["breaker"]["last_error"].startswith("HTTP 503")
     assert 'webhook_inbox_breaker_transitions_total{change="opened",source="hooks"} 1.0' in metrics
     assert 'change="closed",source="hooks"} 1.0' in metrics
+    # One notice when it opened (probes that failed reopen it without another).
+    notices = [json.loads(r.body) for r in alerts.requests]
+    breaker_notices = [n for n in notices if n.get("event") == "breaker_opened"]
+    assert len(breaker_notices) == 1, notices
+    assert "its circuit is open" in breaker_notices[0]["text"]
+    assert breaker_notices[0]["source"] == "hooks"
+    assert breaker_notices[0]["error"].startswith("HTTP 503")
     # Every message forwarded once the endpoint was back.
     forwarded = [r.headers["idempotency-key"] for r in server.requests[during:]]
     assert sorted(set(forwarded)) == sorted(f"hooks:m-{i}" for i in range(MESSAGES))
