@@ -370,6 +370,17 @@ def bulk_statuses(filters: MessageFilter, force: bool) -> list[str]:
     return [s for s in STATUSES if s in asked and s in allowed]
 
 
+async def count_matching(
+    engine: AsyncEngine, where: str, params: dict[str, Any]
+) -> tuple[int, int | None]:
+    """How many messages `where` (fixed clauses, bound `params`) matches, and the highest id
+    of them: what a bulk action's walk goes up to (`in_batches`)."""
+    count_sql = text(f"SELECT count(*), max(id) FROM inbox_messages WHERE {where}")  # noqa: S608
+    async with engine.connect() as conn:
+        counted = (await conn.execute(count_sql, params)).one()
+    return int(counted[0]), counted[1]
+
+
 async def in_batches(
     engine: AsyncEngine,
     batch_sql: TextClause,
@@ -420,10 +431,7 @@ async def bulk_retry(
     clauses, params = replace(filters, statuses=tuple(statuses)).where()
     where = where_sql(clauses)
     async with translate_errors():
-        async with engine.connect() as conn:
-            count_sql = text(f"SELECT count(*), max(id) FROM inbox_messages WHERE {where}")  # noqa: S608
-            counted = (await conn.execute(count_sql, params)).one()
-        result.matched, last_id = int(counted[0]), counted[1]
+        result.matched, last_id = await count_matching(engine, where, params)
         if dry_run or last_id is None:
             return result
         batch_sql = text(

@@ -28,6 +28,7 @@ from service.store.admin import (
     BulkRetryResult,
     InvalidTransition,
     MessageFilter,
+    count_matching,
     in_batches,
     lock_message,
     where_sql,
@@ -200,10 +201,7 @@ async def replay_to_destination(
     where = where_sql(clauses)
     result = BulkRetryResult()
     async with translate_errors():
-        async with engine.connect() as conn:
-            count_sql = text(f"SELECT count(*), max(id) FROM inbox_messages WHERE {where}")  # noqa: S608
-            counted = (await conn.execute(count_sql, params)).one()
-        result.matched, last_id = int(counted[0]), counted[1]
+        result.matched, last_id = await count_matching(engine, where, params)
         if dry_run or last_id is None:
             return result
         batch_sql = text(
