@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -122,23 +123,36 @@ async def last_processed(url: str) -> float:
         await conn.close()
 
 
-def drain(url: str, env: dict[str, str], work: Path, messages: int, fanned: bool) -> dict[str, Any]:
+def timed_drain(
+    url: str,
+    env: dict[str, str],
+    log_path: Path,
+    backlog: Callable[[], Coroutine[Any, Any, float]],
+) -> float:
+    """Seconds one `webhook-inbox worker` takes to drain what `backlog` inserts (it returns
+    the database's clock at its commit), to the last processed mark; the worker is stopped
+    before this returns (bench/ordering drains the same way)."""
     asyncio.run(prepare(url))
-    log = (work / f"worker-{'fanned' if fanned else 'single'}.log").open("ab")
+    log = log_path.open("ab")
     worker = subprocess.Popen(
         [*console_script("webhook-inbox"), "worker"], env=env, cwd=ROOT, stdout=log, stderr=log
     )
     try:
         asyncio.run(wait_for_listeners(url, 1))
-        committed = asyncio.run(insert_backlog(url, messages, "fan-"))
+        committed = asyncio.run(backlog())
         if not asyncio.run(wait_drained(url, timeout=900)):
             raise RuntimeError("the worker did not drain the backlog in 900 s")
-        seconds = asyncio.run(last_processed(url)) - committed
-        verified = asyncio.run(verify(url, messages, fanned))
+        return asyncio.run(last_processed(url)) - committed
     finally:
         worker.terminate()
         worker.wait(30)
         log.close()
+
+
+def drain(url: str, env: dict[str, str], work: Path, messages: int, fanned: bool) -> dict[str, Any]:
+    log_path = work / f"worker-{'fanned' if fanned else 'single'}.log"
+    seconds = timed_drain(url, env, log_path, lambda: insert_backlog(url, messages, "fan-"))
+    verified = asyncio.run(verify(url, messages, fanned))
     effects = messages * (len(DESTINATIONS) if fanned else 1)
     return {
         "fanned": fanned,

@@ -25,10 +25,10 @@ from typing import Any
 
 import asyncpg
 
-from bench.fanout import environment, last_processed
+from bench.fanout import environment, timed_drain
 from bench.load import BODY_TEMPLATE
 from bench.pg import BenchPostgres
-from bench.process import HANDLERS, ROOT, prepare, wait_drained, wait_for_listeners
+from bench.process import HANDLERS
 from bench.systems import RESULTS_DIR, console_script
 
 TARGET = 0.8
@@ -113,28 +113,15 @@ async def verify(url: str, messages: int) -> bool:
 
 
 def drain(url: str, env: dict[str, str], work: Path, messages: int, keys: int) -> dict[str, Any]:
-    asyncio.run(prepare(url))
-    log = (work / f"worker-{keys}.log").open("ab")
-    worker = subprocess.Popen(
-        [*console_script("webhook-inbox"), "worker"], env=env, cwd=ROOT, stdout=log, stderr=log
+    seconds = timed_drain(
+        url, env, work / f"worker-{keys}.log", lambda: insert(url, messages, keys)
     )
-    try:
-        asyncio.run(wait_for_listeners(url, 1))
-        committed = asyncio.run(insert(url, messages, keys))
-        if not asyncio.run(wait_drained(url, timeout=900)):
-            raise RuntimeError("the worker did not drain the backlog in 900 s")
-        seconds = asyncio.run(last_processed(url)) - committed
-        ok = asyncio.run(verify(url, messages))
-    finally:
-        worker.terminate()
-        worker.wait(30)
-        log.close()
     return {
         "keys": keys,
         "messages": messages,
         "seconds": seconds,
         "rate": messages / seconds,
-        "exactly_once_in_order": ok,
+        "exactly_once_in_order": asyncio.run(verify(url, messages)),
     }
 
 
