@@ -51,14 +51,12 @@ EventTypeGlob = Annotated[Text, AfterValidator(_no_character_sets)]
 SourceName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[a-z0-9_-]+$")]
 
 
-class MessageFilters(BaseModel):
-    """Filters shared by the listings and bulk retry; those given combine with AND."""
+class EventFilters(BaseModel):
+    """The filters on a message's event type and arrival, for the listings, bulk retry and a
+    replay to one destination; those given combine with AND."""
 
     model_config = ConfigDict(extra="forbid")
 
-    source: SourceName | None = Field(
-        default=None, description="Only messages of this source (the `{source}` they came to)."
-    )
     event_type: EventTypeGlob | None = Field(
         default=None,
         description="Only messages whose event type matches this glob, as a handler's "
@@ -68,9 +66,6 @@ class MessageFilters(BaseModel):
         "Character sets (`[...]`) are refused.",
         examples=["charge.*"],
     )
-    message_id: Text | None = Field(
-        default=None, description="Only the message with this dedup key (the sender's id)."
-    )
     received_after: Timestamp | None = Field(
         default=None,
         description="Only messages first received at or after this ISO 8601 time (no offset: UTC).",
@@ -78,6 +73,17 @@ class MessageFilters(BaseModel):
     received_before: Timestamp | None = Field(
         default=None,
         description="Only messages first received before this ISO 8601 time (no offset: UTC).",
+    )
+
+
+class MessageFilters(EventFilters):
+    """Filters shared by the listings and bulk retry; those given combine with AND."""
+
+    source: SourceName | None = Field(
+        default=None, description="Only messages of this source (the `{source}` they came to)."
+    )
+    message_id: Text | None = Field(
+        default=None, description="Only the message with this dedup key (the sender's id)."
     )
     error_type: Text | None = Field(
         default=None,
@@ -263,26 +269,13 @@ class BulkRetryRequest(MessageFilters):
     dry_run: bool = Field(default=False, description="Only count the matching messages.")
 
 
-class DestinationReplayRequest(BaseModel):
+class DestinationReplayRequest(EventFilters):
     """Which of the source's messages to replay to one destination, and how."""
-
-    model_config = ConfigDict(extra="forbid")
 
     status: list[Status] = Field(
         default_factory=list,
         description="Only messages in these statuses; default every status but `processing` "
         "(a message in flight is never taken).",
-    )
-    event_type: EventTypeGlob | None = Field(
-        default=None, description="Only this event type; `*` and `?` are wildcards."
-    )
-    received_after: Timestamp | None = Field(
-        default=None,
-        description="Only messages first received at or after this ISO 8601 time (no offset: UTC).",
-    )
-    received_before: Timestamp | None = Field(
-        default=None,
-        description="Only messages first received before this ISO 8601 time (no offset: UTC).",
     )
     dry_run: bool = Field(default=False, description="Only count the matching messages.")
 
