@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import json
 import signal
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -84,14 +85,27 @@ async def assert_in_order_and_apart(db: asyncpg.Connection) -> float:
     return peak
 
 
-async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(
+async def start_three(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
-) -> None:
+) -> list[subprocess.Popen[bytes]]:
+    """Three worker processes listening, then the interleaved backlog enqueued."""
     await create_effects(db)
     workers = [start_worker(database_url, TOML, tmp_path, f"w{i}", **SETTINGS) for i in range(3)]
     try:
         await wait_listening(db, 3)
         await enqueue(db)
+    except BaseException:
+        for worker in workers:
+            worker.kill()
+        raise
+    return workers
+
+
+async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    workers = await start_three(database_url, db, tmp_path)
+    try:
         await wait_until(db, PROCESSED, TOTAL, 120)
     finally:
         codes = [await stop(w) for w in workers]
@@ -106,11 +120,8 @@ async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(
 async def test_a_sigkill_mid_run_leaves_every_key_ordered_and_nothing_twice(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    await create_effects(db)
-    workers = [start_worker(database_url, TOML, tmp_path, f"w{i}", **SETTINGS) for i in range(3)]
+    workers = await start_three(database_url, db, tmp_path)
     try:
-        await wait_listening(db, 3)
-        await enqueue(db)
         deadline = time.monotonic() + 60
         victim = workers[0]
         holding = "SELECT count(*) FROM inbox_claims WHERE actor LIKE '%:' || $1::text"
