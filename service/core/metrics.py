@@ -176,24 +176,26 @@ class Metrics:
         )
         self.rate_limited_claims = Counter(
             "webhook_inbox_rate_limit_claimed",
-            "Messages of rate-limited sources claimed within their rate_limit, by source: its "
-            "rate() is the source's current processing rate.",
-            ["source"],
+            "Messages run within their rate_limit, by source and destination (empty for the "
+            "source's own limit; else a named destination's): its rate() is the current rate.",
+            ["source", "destination"],
             registry=self.registry,
         )
         self.rate_limit_waits = Counter(
             "webhook_inbox_rate_limit_wait_seconds",
-            "Time rate-limited sources' backlogs waited for their bucket to refill, by source "
-            "(summed over the workers' waits): above zero, the limit is what holds them.",
-            ["source"],
+            "Time rate-limited backlogs waited for their bucket to refill, by source and "
+            "destination (empty for the source's own limit; summed over the workers' waits): "
+            "above zero, the limit is what holds them.",
+            ["source", "destination"],
             registry=self.registry,
         )
         self.breaker_transitions = Counter(
             "webhook_inbox_breaker_transitions",
-            "Circuit breaker changes of sources' forwards, by source and change: opened (after "
+            "Circuit breaker changes of forwards, by source, destination (empty for the "
+            "source's own forward; else a named destination's) and change: opened (after "
             "breaker_failures failures in a row), reopened (a probe failed), closed (a probe "
             "succeeded).",
-            ["source", "change"],
+            ["source", "destination", "change"],
             registry=self.registry,
         )
         self.handler_duration = Histogram(
@@ -336,14 +338,14 @@ class Metrics:
             self._attempt_counters, self.destination_attempts, source, destination, outcome
         ).inc()
 
-    def rate_limit_claimed(self, source: str, count: int) -> None:
-        self.rate_limited_claims.labels(source).inc(count)
+    def rate_limit_claimed(self, source: str, count: int, destination: str = "") -> None:
+        self.rate_limited_claims.labels(source, destination).inc(count)
 
-    def rate_limit_waited(self, source: str, seconds: float) -> None:
-        self.rate_limit_waits.labels(source).inc(seconds)
+    def rate_limit_waited(self, source: str, seconds: float, destination: str = "") -> None:
+        self.rate_limit_waits.labels(source, destination).inc(seconds)
 
-    def breaker_changed(self, source: str, change: str) -> None:
-        self.breaker_transitions.labels(source, change).inc()
+    def breaker_changed(self, source: str, change: str, destination: str = "") -> None:
+        self.breaker_transitions.labels(source, destination, change).inc()
 
     def pruned(self, by_status: Mapping[str, int]) -> None:
         for status, count in by_status.items():

@@ -16,6 +16,7 @@ import httpx
 from service.core.schema import Status
 from service.core.status import summary_status
 from service.processing.forward import forward_message
+from service.processing.gates import Deferral, DestinationGates
 from service.processing.handler_api import HandlerSession, InboxMessage
 from service.processing.pipeline import Pipeline, Run
 from service.processing.policy import classify_failure
@@ -60,6 +61,30 @@ def due_runs(pipeline: Pipeline, row: MessageRow) -> tuple[tuple[Run, ...], list
     return kept, [name for name in due if name not in running]
 
 
+def expect_gated(gates: DestinationGates, pipeline: Pipeline, row: MessageRow) -> None:
+    """Tell `gates` which of its gated destinations `row` is due to run."""
+    if pipeline.gated:
+        runs, _ = due_runs(pipeline, row)
+        gates.expect(row, (run.destination for run in runs))
+
+
+def deferred_result(
+    name: str, status: str | None, deferral: Deferral, at: datetime
+) -> DestinationResult:
+    """A destination that may not run now: as it stands (pending when it never ran), due
+    again after the deferral's wait."""
+    return DestinationResult(
+        name,
+        Status(status) if status is not None else Status.PENDING,
+        "deferred",
+        at,
+        at,
+        error=deferral.reason,
+        delay_seconds=deferral.wait_seconds,
+        deferred=True,
+    )
+
+
 async def run_destinations(
     session: HandlerSession,
     savepoints: MessageSavepoints,
@@ -71,6 +96,7 @@ async def run_destinations(
     deadline: BatchDeadline | None = None,
     defer_flush: bool = False,
     failed: AttemptResult | None = None,
+    gates: DestinationGates | None = None,
 ) -> tuple[AttemptResult, BaseException | None]:
     """Run each due destination of `row`; the message's result, with one result per
     destination, and the first failure's exception.
@@ -83,10 +109,15 @@ async def run_destinations(
     whose others run again (their effects went with the rollback). A savepoint for every
     destination of every message of a batch is also what a batch must not have: past 64
     subtransactions, every snapshot of every backend consults pg_subtrans.
+
+    `gates`: the batch's admissions of rate-limited destinations and forwards' breakers; a
+    destination they hold back is deferred (it waits, pending, no attempt spent), and when
+    every due destination is, the message's attempt is given back too (`AttemptResult.deferred`).
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
     runs, passed_over = due_runs(pipeline, row)
+    states = dict(row.destinations or {})
     results = [
         DestinationResult(name, Status.PROCESSED, "skipped", started, started, error=SKIPPED)
         for name in passed_over
@@ -115,11 +146,28 @@ async def run_destinations(
             if outcome.delay_seconds is not None:
                 delays.append(outcome.delay_seconds)
             continue
+        if gates is not None and run.destination.gated:
+            deferral = await gates.admit(row, run.destination)
+            if deferral is not None:
+                results.append(deferred_result(name, states.get(name), deferral, begun))
+                delays.append(deferral.wait_seconds)
+                continue
         if run.destination.forward is not None:
             # The HTTP call holds no savepoint: it has no effect in this transaction.
             forwarded = await forward_message(
                 http, row, attempt, pipeline.config, destination=run.destination
             )
+            probe_failed = (
+                None
+                if gates is None
+                else gates.forwarded(
+                    row, run.destination, forwarded.status, forwarded.error_type, forwarded.error
+                )
+            )
+            if probe_failed is not None:
+                results.append(deferred_result(name, states.get(name), probe_failed, begun))
+                delays.append(probe_failed.wait_seconds)
+                continue
             outcome = DestinationResult(
                 name,
                 forwarded.status,
@@ -151,24 +199,27 @@ async def run_destinations(
             delays.append(outcome.delay_seconds)
         if first_failure is not None and not isolated:
             break  # the batch rolls back: the rest run in its isolated rerun
-    states = dict(row.destinations or {})
     states.update((r.name, r.status.value) for r in results)
     status = summary_status(states.values())
-    failed_one = next((r for r in results if r.status != Status.PROCESSED), None)
+    deferred = bool(results) and all(r.deferred for r in results)
+    if deferred and not row.destinations:
+        status = Status.PENDING  # it never ran: it waits as it was accepted
+    failed_one = next((r for r in results if r.status != Status.PROCESSED and not r.deferred), None)
+    held = failed_one or next((r for r in results if r.deferred), None)
     return AttemptResult(
         row.id,
         attempt,
         status,
-        "processed" if failed_one is None else failed_one.outcome,
+        failed_one.outcome if failed_one else "deferred" if deferred else "processed",
         started,
         datetime.now(UTC),
-        delay_seconds=min(delays, default=0.0) if status == Status.RETRYING else None,
+        delay_seconds=min(delays, default=0.0) if status == Status.RETRYING or deferred else None,
         # The message's last_error names the destination: "destination x: Type: message".
         error=None
-        if failed_one is None
-        else f"destination {failed_one.name}: "
-        f"{last_error_line(failed_one.error_type, failed_one.error)}",
+        if held is None
+        else f"destination {held.name}: {last_error_line(held.error_type, held.error)}",
         destinations=results,
+        deferred=deferred,
     ), first_failure
 
 

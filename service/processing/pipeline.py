@@ -13,7 +13,7 @@ from typing import Any
 from service.core.settings import ConfigError
 from service.processing.handler_api import Handler
 from service.sources.base import BadDelivery, parse_json
-from service.sources.config import DestinationConfig, ForwardConfig, SourceConfig
+from service.sources.config import DestinationConfig, ForwardConfig, RateLimit, SourceConfig
 from service.sources.config_file import InboxConfig
 from service.sources.filters import MISSING, PayloadFilter
 
@@ -42,6 +42,7 @@ class Destination:
     payload: PayloadFilter | None = None
     routes: tuple[Route, ...] = ()
     forward: ForwardConfig | None = None
+    rate_limit: RateLimit | None = None
 
     def matches(self, event_type: str | None) -> bool:
         name = event_type or ""
@@ -50,6 +51,12 @@ class Destination:
     @property
     def reads_payload(self) -> bool:
         return self.payload is not None or any(r.payload is not None for r in self.routes)
+
+    @property
+    def gated(self) -> bool:
+        """Whether its runs are admitted first: by its rate limit, or (a forward) by its
+        circuit breaker (`service.processing.gates`)."""
+        return self.rate_limit is not None or self.forward is not None
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,14 @@ class Pipeline:
         """Whether a named destination forwards: its batches run isolated, so that no rollback
         of a batch makes a forward that was answered be sent again."""
         return any(d.forward is not None for d in self.destinations)
+
+    @property
+    def gated(self) -> bool:
+        """Whether a destination of it is admitted first (`Destination.gated`)."""
+        return any(d.gated for d in self.destinations)
+
+    def destination(self, name: str) -> Destination:
+        return next(d for d in self.destinations if d.name == name)
 
     def handlers_for(self, event_type: str | None) -> tuple[Handler, ...]:
         """The handlers to run for `event_type`, in configuration order (memoised)."""
@@ -226,7 +241,12 @@ def build_destination(where: str, name: str, config: DestinationConfig) -> Desti
             f"{where}: a destination needs Python handlers (handlers, [[handler]]) or a forward"
         )
     return Destination(
-        name, tuple(config.event_types), config.payload, tuple(routes), config.forward
+        name,
+        tuple(config.event_types),
+        config.payload,
+        tuple(routes),
+        config.forward,
+        config.rate_limit,
     )
 
 

@@ -52,6 +52,9 @@ class DestinationResult:
     error: str | None = None
     traceback: str | None = None
     delay_seconds: float | None = None  # retrying: when this destination would run next
+    # It did not run: its rate limit or circuit breaker held it (`processing.gates`). It
+    # stays pending (or retrying), no attempt spent, due again after `delay_seconds`.
+    deferred: bool = False
 
     @property
     def duration_ms(self) -> float:
@@ -77,6 +80,9 @@ class AttemptResult:
     # Of a source with named destinations, each destination the attempt ran: recorded as an
     # attempt each (`record_destinations`), instead of one of the whole message.
     destinations: list[DestinationResult] | None = None
+    # Every destination due was deferred: nothing ran, and the attempt counted when the
+    # message was claimed is given back.
+    deferred: bool = False
 
     @property
     def duration_ms(self) -> float:
@@ -528,12 +534,13 @@ FINISH_ATTEMPTS = f"""
                    id bigint, status text, attempt int, expected int, delay float8,
                    last_error text, unfinished boolean, started_at timestamptz,
                    finished_at timestamptz, outcome text, error_type text, error text,
-                   traceback text, duration_ms float8, per_destination boolean)
+                   traceback text, duration_ms float8, per_destination boolean,
+                   deferred boolean)
     ), finished AS (
         UPDATE inbox_messages AS m
            SET status = u.status,
                attempts = u.attempt,
-               next_attempt_at = CASE WHEN u.status = 'retrying'
+               next_attempt_at = CASE WHEN u.status = 'retrying' OR u.deferred
                                       THEN clock_timestamp() + u.delay * interval '1 second'
                                       ELSE m.next_attempt_at END,
                processed_at = CASE WHEN u.status = 'processed' THEN clock_timestamp() END,
@@ -561,7 +568,10 @@ FINISH_ATTEMPTS = f"""
 
 # Each named destination an attempt ran, for the messages FINISH_ATTEMPTS updated ($2): its
 # row's status and attempts, and an attempt row naming it. In the batch's transaction, so a
-# destination's processed mark commits with its effects.
+# destination's processed mark commits with its effects. A deferred destination (its rate
+# limit or breaker held it) did not run: its row is made pending if it has none, so that the
+# message runs it when it comes due again, and it keeps its status and attempts otherwise; it
+# gets no attempt row.
 RECORD_DESTINATIONS = """
     WITH v AS (
         SELECT *
@@ -569,17 +579,22 @@ RECORD_DESTINATIONS = """
                    id bigint, attempt int, source text, destination text, status text,
                    last_error text, started_at timestamptz, finished_at timestamptz,
                    outcome text, error_type text, error text, traceback text,
-                   duration_ms float8)
+                   duration_ms float8, deferred boolean)
          WHERE v.id = ANY($2::bigint[])
     ), marked AS (
         INSERT INTO inbox_destinations AS d (message_id, destination, source, status,
                                              attempts, last_error, updated_at, processed_at)
-        SELECT id, destination, source, status, 1, last_error, clock_timestamp(),
+        SELECT id, destination, source, status, CASE WHEN deferred THEN 0 ELSE 1 END,
+               last_error, clock_timestamp(),
                CASE WHEN status = 'processed' THEN clock_timestamp() END
           FROM v
             ON CONFLICT (message_id, destination) DO UPDATE
-           SET status = excluded.status, attempts = d.attempts + 1,
-               last_error = excluded.last_error, updated_at = excluded.updated_at,
+           SET status = CASE WHEN excluded.attempts = 0 THEN d.status ELSE excluded.status END,
+               attempts = d.attempts + excluded.attempts,
+               last_error = CASE WHEN excluded.attempts = 0
+                                 THEN coalesce(d.last_error, excluded.last_error)
+                                 ELSE excluded.last_error END,
+               updated_at = excluded.updated_at,
                processed_at = excluded.processed_at
     )
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
@@ -587,6 +602,7 @@ RECORD_DESTINATIONS = """
     SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
            duration_ms, $3, destination
       FROM v
+     WHERE NOT v.deferred
 """
 
 # Where each of a batch's messages stands with the destinations that have run for it.
@@ -612,8 +628,9 @@ def _outcome(r: AttemptResult, leased: bool) -> dict[str, object]:
     return {
         "id": r.id,
         "status": r.status,
-        "attempt": r.attempt,
+        "attempt": r.attempt - 1 if r.deferred else r.attempt,
         "expected": r.attempt if leased else r.attempt - 1,
+        "deferred": r.deferred,
         "delay": r.delay_seconds,
         "last_error": None if r.status == Status.PROCESSED else last_error_line(error_type, error),
         "unfinished": r.unfinished,
@@ -648,6 +665,7 @@ def destinations_document(results: Sequence[AttemptResult], sources: Mapping[int
                 "error": storable(d.error),
                 "traceback": storable(d.traceback),
                 "duration_ms": d.duration_ms,
+                "deferred": d.deferred,
             }
             for r in results
             for d in r.destinations or ()

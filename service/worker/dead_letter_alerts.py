@@ -128,12 +128,19 @@ async def send_notice(
     return False
 
 
-def breaker_text(source: str, error: str | None, cooldown: float) -> str:
+def breaker_text(source: str, error: str | None, cooldown: float, destination: str = "") -> str:
+    """The notice's text: of a source's own forward, or (`destination`) a named one's."""
     cause = (error or "no error recorded")[:MAX_ERROR_CHARS]
+    which = (
+        f"destination `{destination}` of source `{source}`"
+        if destination
+        else (f"the forward of source `{source}`")
+    )
+    shown = "GET /admin/destinations" if destination else "GET /admin/sources"
     return (
-        f"webhook-inbox: the forward of source `{source}` keeps failing ({cause}); its circuit "
-        f"is open: its messages wait, spending no attempt, and a probe tries again in "
-        f"{cooldown:g} s. GET /admin/sources shows the breaker."
+        f"webhook-inbox: {which} keeps failing ({cause}); its circuit is open: its messages "
+        f"wait, spending no attempt, and a probe tries again in {cooldown:g} s. {shown} shows "
+        "the breaker."
     )
 
 

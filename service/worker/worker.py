@@ -20,8 +20,9 @@ from service.core.metrics import Metrics
 from service.core.schema import Status
 from service.core.settings import Settings
 from service.processing.attempt_spans import in_attempt_span
-from service.processing.fanout import run_destinations
+from service.processing.fanout import expect_gated, run_destinations
 from service.processing.forward import forward_message_traced, lease_seconds
+from service.processing.gates import DestinationGates, breaks_circuit
 from service.processing.handler_api import HandlerSession
 from service.processing.pipeline import Pipeline
 from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry_failure
@@ -126,19 +127,9 @@ class _Claimed:
     # One rate-limited source's claim: its lease, and how many its tokens allow.
     sources: dict[str, float] | None = None
     limit: int | None = None
-
-
-# Failures that say the endpoint is down, not that it refused the message: they count
-# towards opening its circuit.
-CIRCUIT_FAILURES = frozenset({"ForwardConnectionError", "ForwardTimeout"})
-
-
-def breaks_circuit(result: AttemptResult) -> bool:
-    if result.status == Status.PROCESSED:
-        return False
-    if result.error_type in CIRCUIT_FAILURES:
-        return True
-    return result.error_type == "ForwardFailed" and (result.error or "").startswith("HTTP 5")
+    # The admissions of its named destinations' rate limits and breakers, made once for the
+    # batch and its reruns (`service.processing.gates`).
+    gates: DestinationGates | None = None
 
 
 class WorkerCrashed(Exception):
@@ -432,7 +423,7 @@ class Worker:
             return 0
         rows = await claim_due(self.engine, {source: lease}, admission.allowed)
         results = await self._forward(rows) if rows else []
-        failed = [r for r in results if breaks_circuit(r)]
+        failed = [r for r in results if breaks_circuit(r.status, r.error_type, r.error)]
         succeeded = sum(r.status == Status.PROCESSED for r in results)
         if rows or admission.state != "open":  # an unused probe or reservation is given back
             is_open, opened = await breakers.record(
@@ -445,38 +436,79 @@ class Worker:
                 error=failed[-1].error if failed else None,
                 released=admission.allowed if admission.state == "closed" else 0,
             )
-            if is_open:
+            if opened or admission.state == "probe":
+                change = "opened" if opened else "reopened" if is_open else "closed"
+                self._breaker_changed(
+                    source,
+                    change,
+                    failed[-1].error if failed else None,
+                    forward.breaker_cooldown_seconds,
+                )
+            elif is_open:
                 self._wake_later(forward.breaker_cooldown_seconds)
-            if opened:
-                error = failed[-1].error if failed else None
-                log.warning(
-                    "circuit opened: the forward is left alone for its cool-down",
-                    extra={
-                        "source": source,
-                        "cooldown_s": forward.breaker_cooldown_seconds,
-                        "error": error,
-                    },
-                )
-                self._announce_breaker(source, error, forward.breaker_cooldown_seconds)
-            if self.metrics is not None and (opened or admission.state == "probe"):
-                self.metrics.breaker_changed(
-                    source, "opened" if opened else "reopened" if is_open else "closed"
-                )
         if rows and len(rows) == admission.allowed and admission.allowed < want:
             self._claim_again = True  # capped by the breaker, not by the backlog
         return len(rows)
 
-    def _announce_breaker(self, source: str, error: str | None, cooldown: float) -> None:
-        """Tell the `[alerts]` webhooks that `source`'s circuit opened (this process opened it:
-        one notice per opening), in a task of its own, so no claim waits for the webhook."""
+    def _breaker_changed(
+        self, source: str, change: str, error: str | None, cooldown: float, destination: str = ""
+    ) -> None:
+        """A forward's breaker (the source's own, or a named `destination`'s) changed: count it;
+        when it opened, log and announce it; while open, look again when its cool-down ends."""
+        if self.metrics is not None:
+            self.metrics.breaker_changed(source, change, destination)
+        if change != "closed":
+            self._wake_later(cooldown)
+        if change != "opened":
+            return
+        log.warning(
+            "circuit opened: the forward is left alone for its cool-down",
+            extra={
+                "source": source,
+                "destination": destination or None,
+                "cooldown_s": cooldown,
+                "error": error,
+            },
+        )
+        self._announce_breaker(source, error, cooldown, destination)
+
+    def _announce_breaker(
+        self, source: str, error: str | None, cooldown: float, destination: str = ""
+    ) -> None:
+        """Tell the `[alerts]` webhooks that a forward's circuit opened (this process opened
+        it: one notice per opening), in a task of its own, so no claim waits for the webhook."""
         alerts = self.retention.alerts if self.retention is not None else None
         if alerts is None or not alerts.webhooks or self._http is None:
             return
-        text = breaker_text(source, error, cooldown)
-        fields = {"source": source, "error": error, "cooldown_seconds": cooldown}
+        text = breaker_text(source, error, cooldown, destination)
+        fields: dict[str, object] = {"source": source, "error": error, "cooldown_seconds": cooldown}
+        if destination:
+            fields["destination"] = destination
         task = asyncio.create_task(send_breaker_notice(self._http, alerts, text, fields))
         self._notices.add(task)
         task.add_done_callback(self._notices.discard)
+
+    async def _settle(self, gates: DestinationGates) -> None:
+        """After a batch (and its reruns): settle its destinations' admissions (`gates`), count
+        them, and look again when the first run it deferred is due. Best effort: a bucket not
+        given back refills, and a reservation not released expires."""
+        try:
+            settled = await gates.settle()
+        except Exception as exc:
+            log.warning(
+                "could not settle the batch's destination rate limits and breakers",
+                extra={"error": f"{type(exc).__name__}: {exc}"},
+            )
+            return
+        for c in settled.changes:
+            self._breaker_changed(c.source, c.change, c.error, c.cooldown_seconds, c.destination)
+        if self.metrics is not None:
+            for (source, destination), count in settled.claimed.items():
+                self.metrics.rate_limit_claimed(source, count, destination)
+            for (source, destination), seconds in settled.waited.items():
+                self.metrics.rate_limit_waited(source, seconds, destination)
+        if settled.next_due is not None:
+            self._wake_later(settled.next_due)
 
     def _wake_later(self, seconds: float) -> None:
         asyncio.get_running_loop().call_later(max(seconds, 0.001), self.wake_one)
@@ -537,6 +569,9 @@ class Worker:
             if claimed.rows and not isinstance(exc, _OptimisticRunFailed):
                 await self._end_attempts(claimed, exc)
             raise
+        finally:
+            if claimed.gates is not None:
+                await self._settle(claimed.gates)
 
     async def _run_optimistically(self, claimed: _Claimed) -> int:
         try:
@@ -645,6 +680,10 @@ class Worker:
                 defer_flush = defer_flush and not isolated
             fanning = [row for row in rows if self.pipelines[row.source].fans_out]
             await load_destinations(conn, fanning)
+            if claimed.gates is None and any(self.pipelines[r.source].gated for r in fanning):
+                claimed.gates = DestinationGates(self.engine, self.pipelines)
+                for row in fanning:
+                    expect_gated(claimed.gates, self.pipelines[row.source], row)
             async with handler_scope(conn) as (session, savepoints):
                 # Sorts left off by lock_due, plans by id by hold_claimed (or a no-op).
                 savepoints.defer(RESTORE_PLANS)
@@ -677,6 +716,7 @@ class Worker:
                                 deadline=deadline,
                                 defer_flush=defer_flush,
                                 failed=earlier,
+                                gates=claimed.gates,
                             )
                         elif earlier is not None:
                             results.append(earlier)
@@ -794,10 +834,12 @@ class Worker:
             return
         source_of = {row.id: row.source for row in rows}
         for result in results:
-            seconds = (result.finished_at - result.started_at).total_seconds()
-            self.metrics.attempt_finished(source_of[result.id], result.outcome, seconds)
+            if not result.deferred:  # held by its destinations' gates: no attempt made
+                seconds = (result.finished_at - result.started_at).total_seconds()
+                self.metrics.attempt_finished(source_of[result.id], result.outcome, seconds)
             for part in result.destinations or ():
-                self.metrics.destination_finished(source_of[result.id], part.name, part.outcome)
+                if not part.deferred:
+                    self.metrics.destination_finished(source_of[result.id], part.name, part.outcome)
 
     async def _poll(self) -> None:
         while True:

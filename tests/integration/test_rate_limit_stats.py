@@ -32,7 +32,7 @@ async def test_the_stats_and_metrics_show_the_limit_its_rate_and_the_wait(
     claimed = [
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()
-        if line.startswith('webhook_inbox_rate_limit_claimed_total{source="hooks"}')
+        if line.startswith('webhook_inbox_rate_limit_claimed_total{destination="",source="hooks"}')
     ]
     assert claimed == [float(processed)]
-    assert 'webhook_inbox_rate_limit_wait_seconds_total{source="hooks"}' in metrics
+    assert 'webhook_inbox_rate_limit_wait_seconds_total{destination="",source="hooks"}' in metrics

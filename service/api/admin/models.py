@@ -298,12 +298,16 @@ class SourceStats(BaseModel):
 
 
 class RateLimitStats(BaseModel):
-    source: str = Field(description="A source with a `rate_limit`.")
+    source: str = Field(description="A source with a `rate_limit`, or one of its destinations'.")
+    destination: str | None = Field(
+        default=None,
+        description="The named destination whose `rate_limit` this is; null for the source's.",
+    )
     rate_limit: str = Field(description="Its limit, as configured (`100/s`, `30/m`).")
     per_second: float = Field(description="The limit in messages a second.")
     current_per_second: float = Field(
-        description="Messages of the source whose attempt started in the last 10 seconds, a "
-        "second: what the workers are claiming now, all processes together."
+        description="Messages of the source (of a destination: its runs) whose attempt started "
+        "in the last 10 seconds, a second: what the workers run now, all processes together."
     )
     tokens: float = Field(
         description="Messages that may be claimed at once now (the shared bucket, refilled at "
@@ -329,7 +333,9 @@ class Stats(BaseModel):
     )
     admin_actions_last_hour: int = Field(description="Admin retries, replays and discards.")
     rate_limits: list[RateLimitStats] = Field(
-        default_factory=list, description="Each rate-limited source's rate and wait, by name."
+        default_factory=list,
+        description="Each rate limit's rate and wait: the sources', then their destinations', "
+        "by name.",
     )
 
 
@@ -351,24 +357,9 @@ class DestinationInfo(BaseModel):
     forward: ForwardInfo | None = Field(description="Its HTTP endpoint, if it forwards.")
 
 
-class DestinationStats(BaseModel):
-    source: str = Field(description="The source.")
-    destination: str = Field(description="The destination's name.")
-    counts: dict[str, int] = Field(
-        description="(message, destination) pairs by status; statuses with none omitted."
-    )
-    total: int = Field(description="All of the destination's pairs.")
-
-
-class DestinationStatsList(BaseModel):
-    destinations: list[DestinationStats] = Field(
-        description="Every configured destination, and any other that has pairs stored, by "
-        "source and name."
-    )
-
-
 class BreakerState(BaseModel):
-    """The circuit breaker of a source's forward, shared by every process."""
+    """The circuit breaker of a forward (a source's, or a named destination's), shared by every
+    process."""
 
     state: Literal["closed", "open", "half_open"] = Field(
         description="`closed`: forwarding; `open`: left alone until `open_until`, its messages "
@@ -378,6 +369,27 @@ class BreakerState(BaseModel):
     open_until: datetime | None = Field(description="While open: when the cool-down ends.")
     opened_at: datetime | None = Field(description="When it last opened, while not closed.")
     last_error: str | None = Field(description="The last failure that counted (its cause).")
+
+
+class DestinationStats(BaseModel):
+    source: str = Field(description="The source.")
+    destination: str = Field(description="The destination's name.")
+    counts: dict[str, int] = Field(
+        description="(message, destination) pairs by status; statuses with none omitted."
+    )
+    total: int = Field(description="All of the destination's pairs.")
+    breaker: BreakerState | None = Field(
+        default=None,
+        description="A forward destination's circuit breaker, once it has forwarded; null "
+        "otherwise.",
+    )
+
+
+class DestinationStatsList(BaseModel):
+    destinations: list[DestinationStats] = Field(
+        description="Every configured destination, and any other that has pairs stored, by "
+        "source and name."
+    )
 
 
 class PauseRequest(BaseModel):

@@ -32,6 +32,7 @@ from service.api.state import StateDep
 from service.core.schema import UNFINISHED
 from service.sources.base import AnySource
 from service.sources.config import DestinationConfig, ForwardConfig, RateLimit, SourceConfig
+from service.sources.config_file import InboxConfig
 from service.store import admin as store
 from service.store import breakers, pauses
 from service.store.counts import ProcessedCounts, status_counts
@@ -49,44 +50,67 @@ async def stats(state: StateDep) -> Stats:
     processed messages is reused for up to ten times as long as it took to make.
     """
     stats = await collect_stats(state.engine, state.processed_counts)
-    limits = {
-        name: limit
-        for name, source in state.inbox.sources.items()
-        if (limit := source.config.rate_limit) is not None
-    }
+    limits = configured_limits(state.inbox)
     if limits:
         stats.rate_limits = await rate_limit_stats(state.engine, limits)
     return stats
 
 
+def configured_limits(inbox: InboxConfig) -> dict[tuple[str, str | None], RateLimit]:
+    """Every rate limit configured: each source's (destination None), each destination's."""
+    limits: dict[tuple[str, str | None], RateLimit] = {}
+    for name, source in sorted(inbox.sources.items()):
+        if source.config.rate_limit is not None:
+            limits[(name, None)] = source.config.rate_limit
+        for destination, config in source.config.destinations.items():
+            if config.rate_limit is not None:
+                limits[(name, destination)] = config.rate_limit
+    return limits
+
+
+# Attempts started in the last 10 s: of each source's messages, and of each destination's
+# part of them (`source/destination`, the key its bucket has too).
 RECENT_STARTS = text(
     """
-    SELECT m.source, count(*) AS n
-      FROM inbox_attempts AS a JOIN inbox_messages AS m ON m.id = a.message_id
-     WHERE a.started_at > now() - interval '10 seconds' AND m.source = ANY(:sources)
-     GROUP BY m.source
+    WITH recent AS (
+        SELECT m.source, a.message_id, a.attempt, a.destination
+          FROM inbox_attempts AS a JOIN inbox_messages AS m ON m.id = a.message_id
+         WHERE a.started_at > now() - interval '10 seconds' AND m.source = ANY(:sources)
+    )
+    SELECT source AS key, count(DISTINCT (message_id, attempt)) AS n FROM recent GROUP BY 1
+     UNION ALL
+    SELECT source || '/' || destination, count(*) FROM recent
+     WHERE destination IS NOT NULL GROUP BY 1
     """
 )
 BUCKETS = text(
     """
-    SELECT source, tokens, extract(epoch FROM clock_timestamp() - refilled_at) AS idle
-      FROM inbox_rate_limits WHERE source = ANY(:sources)
+    SELECT source AS key, tokens, extract(epoch FROM clock_timestamp() - refilled_at) AS idle
+      FROM inbox_rate_limits WHERE source = ANY(:keys)
     """
 )
 
 
+def limit_key(source: str, destination: str | None) -> str:
+    """The row of a rate limit in `inbox_rate_limits` (`service.processing.gates.gate_key`)."""
+    return source if destination is None else f"{source}/{destination}"
+
+
 async def rate_limit_stats(
-    engine: AsyncEngine, limits: Mapping[str, RateLimit]
+    engine: AsyncEngine, limits: Mapping[tuple[str, str | None], RateLimit]
 ) -> list[RateLimitStats]:
-    """Each rate-limited source's current rate (attempts started in the last 10 s) and its
-    shared bucket as it stands now."""
-    names = {"sources": list(limits)}
+    """Each rate limit's current rate (attempts started in the last 10 s) and its shared
+    bucket as it stands now; the sources' first, then their destinations'."""
+    keys = {limit_key(*key): key for key in limits}
+    names = {"sources": sorted({source for source, _ in limits}), "keys": list(keys)}
     async with translate_errors(), engine.connect() as conn:
-        recent = {r.source: int(r.n) for r in await conn.execute(RECENT_STARTS, names)}
-        buckets = {r.source: r for r in await conn.execute(BUCKETS, names)}
+        recent = {r.key: int(r.n) for r in await conn.execute(RECENT_STARTS, names)}
+        buckets = {r.key: r for r in await conn.execute(BUCKETS, names)}
     found = []
-    for name, limit in sorted(limits.items()):
-        bucket = buckets.get(name)
+    ordered = sorted(limits.items(), key=lambda item: (item[0][1] is not None, item[0]))
+    for (name, destination), limit in ordered:
+        key = limit_key(name, destination)
+        bucket = buckets.get(key)
         tokens = (
             limit.burst
             if bucket is None
@@ -95,9 +119,10 @@ async def rate_limit_stats(
         found.append(
             RateLimitStats(
                 source=name,
+                destination=destination,
                 rate_limit=limit.text,
                 per_second=limit.per_second,
-                current_per_second=recent.get(name, 0) / 10,
+                current_per_second=recent.get(key, 0) / 10,
                 tokens=round(tokens, 3),
                 wait_seconds=round(max(0.0, (1 - tokens) / limit.per_second), 3),
             )

@@ -1,0 +1,140 @@
+"""Flow control per named destination (issue 52 items 2 and 4): a forward destination that is
+down for a minute costs at most `breaker_failures` attempts and one per probe, holds none of
+the source's other destinations, sends nothing to the dead letters, and gets everything once
+it is back; a destination's rate limit holds its own runs only, spending no attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import asyncpg
+
+from tests.admin_seed import AUTH, TOKEN
+from tests.conftest import AppFactory
+from tests.http_server import scripted_server
+from tests.processing_helpers import delivery, source, wait_until
+
+FAILURES, COOLDOWN, OUTAGE = 3, 5.0, 60.0
+MESSAGES = 10
+LEDGER = {"handlers": ["tests.handlers:record_billing"]}
+
+
+async def pairs(db: asyncpg.Connection, destination: str) -> list[tuple[str, int]]:
+    rows = await db.fetch(
+        "SELECT status, attempts FROM inbox_destinations WHERE destination = $1 ORDER BY 1, 2",
+        destination,
+    )
+    return [(r["status"], r["attempts"]) for r in rows]
+
+
+async def test_a_destination_down_for_a_minute_costs_n_attempts_and_the_probes(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    forward = {
+        "url": "",
+        "timeout_seconds": 2,
+        "breaker_failures": FAILURES,
+        "breaker_cooldown_seconds": COOLDOWN,
+    }
+    async with scripted_server(*[(503, {})] * 10_000) as crm, scripted_server() as alerts:
+        forward["url"] = crm.url
+        hooks = source(destinations={"crm": {"forward": forward}, "ledger": LEDGER})
+        hooks["max_attempts"] = 5  # the outage alone would exhaust these, attempts spent
+        config = {"sources": {"hooks": hooks}, "alerts": {"webhooks": [alerts.url]}}
+        async with worker_for(config, admin_tokens=[TOKEN], worker_alerts=True) as client:
+            started = time.monotonic()
+            for i in range(MESSAGES):
+                await client.post("/webhooks/hooks", content=b"{}", headers=delivery(f"m-{i}"))
+            # The ledger is not held by the crm's outage: its effects apply at once.
+            await wait_until(db, "SELECT count(*) FROM effects", MESSAGES)
+            assert time.monotonic() - started < 10
+            await asyncio.sleep(OUTAGE - (time.monotonic() - started))
+            during = len(crm.requests)
+            attempts_during = sum(n for _, n in await pairs(db, "crm"))
+            listed = (await client.get("/admin/destinations", headers=AUTH)).json()
+            stats = await db.fetch("SELECT status, attempts FROM inbox_messages")
+            crm.script.clear()  # the endpoint is back
+            down_for = time.monotonic() - started
+            await wait_until(
+                db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", MESSAGES
+            )
+            metrics = (await client.get("/metrics")).text
+    probes = int(down_for / COOLDOWN) + 1
+    print(f"{during} calls, {attempts_during} attempts in {down_for:.1f} s down")
+    assert during <= FAILURES + probes, during
+    assert attempts_during <= FAILURES + probes, attempts_during
+    # Nothing dead because of the outage, and no message's attempts ran out waiting.
+    assert {r["status"] for r in stats} <= {"retrying", "pending"}
+    assert max(r["attempts"] for r in stats) < 5
+    assert await db.fetchval("SELECT count(*) FROM inbox_messages WHERE status = 'dead'") == 0
+    by_name = {d["destination"]: d for d in listed["destinations"]}
+    assert by_name["crm"]["breaker"]["state"] in ("open", "half_open")
+    assert by_name["crm"]["breaker"]["last_error"].startswith("HTTP 503")
+    assert by_name["ledger"]["breaker"] is None
+    assert by_name["ledger"]["counts"] == {"processed": MESSAGES}
+    assert (
+        'webhook_inbox_breaker_transitions_total{change="opened",destination="crm",'
+        'source="hooks"} 1.0' in metrics
+    )
+    assert 'change="closed",destination="crm",source="hooks"} 1.0' in metrics
+    # One notice when it opened, naming the destination.
+    notices = [json.loads(r.body)["text"] for r in alerts.requests]
+    breaker_notices = [n for n in notices if "its circuit is open" in n]
+    assert len(breaker_notices) == 1, notices
+    assert "destination `crm` of source `hooks`" in breaker_notices[0]
+    # Every message forwarded to the crm once it was back, each once; the ledger's once each.
+    forwarded = [r.headers["idempotency-key"] for r in crm.requests[during:]]
+    assert sorted(forwarded) == sorted(f"hooks:m-{i}:crm" for i in range(MESSAGES))
+    assert await db.fetchval("SELECT count(DISTINCT message_id) FROM effects") == MESSAGES
+    assert await db.fetchval("SELECT count(*) FROM effects") == MESSAGES
+
+
+RATE, SECONDS = 20, 4.0
+
+
+async def test_a_destination_rate_limit_holds_its_runs_only_and_spends_no_attempt(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    count = int(RATE * SECONDS)
+    async with scripted_server() as crm:
+        destinations = {
+            "crm": {"forward": {"url": crm.url}, "rate_limit": f"{RATE}/s"},
+            "ledger": LEDGER,
+        }
+        config = {"sources": {"hooks": source(destinations=destinations)}}
+        async with worker_for(config, admin_tokens=[TOKEN]) as client:
+            for i in range(count):
+                await client.post("/webhooks/hooks", content=b"{}", headers=delivery(f"m-{i}"))
+            await wait_until(db, "SELECT count(*) FROM effects", count)
+            assert len(crm.requests) < count  # the ledger was not held back with the crm
+            stats = (await client.get("/admin/stats", headers=AUTH)).json()
+            await wait_until(
+                db,
+                "SELECT count(*) FROM inbox_destinations "
+                "WHERE destination = 'crm' AND status = 'processed'",
+                count,
+                timeout=SECONDS * 4,
+            )
+            metrics = (await client.get("/metrics")).text
+    times = [r.at for r in crm.requests]
+    span = times[-1] - times[0]
+    # The first second's burst, then RATE a second: (count - burst) calls over the span.
+    rate = (count - RATE) / span
+    print(f"crm ran at {rate:.1f}/s against {RATE}/s")
+    assert RATE * 0.8 <= rate <= RATE * 1.2, rate
+    # Waiting spent nothing: each pair ran once, one attempt row each, none of them failed.
+    assert await pairs(db, "crm") == [("processed", 1)] * count
+    attempts = await db.fetch("SELECT outcome, destination FROM inbox_attempts")
+    assert sorted((r["destination"], r["outcome"]) for r in attempts) == sorted(
+        [("crm", "processed")] * count + [("ledger", "processed")] * count
+    )
+    (limit,) = stats["rate_limits"]
+    assert (limit["source"], limit["destination"], limit["rate_limit"]) == (
+        "hooks",
+        "crm",
+        f"{RATE}/s",
+    )
+    assert limit["current_per_second"] > 0
+    assert 'webhook_inbox_rate_limit_claimed_total{destination="crm",source="hooks"}' in metrics
