@@ -83,8 +83,9 @@ class ForwardConfig(BaseModel):
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     # The circuit breaker (a source's forward, or a named destination's): after this many
     # failures in a row (connection errors, timeouts, 5xx) the endpoint is left alone for the
-    # cool-down, its messages waiting without spending attempts, then one probe decides. It also bounds the
-    # forwards of one claim, so that an endpoint going down costs at most this many attempts.
+    # cool-down, its messages waiting without spending attempts, then one probe decides. It
+    # also bounds the forwards of one claim, so that an endpoint going down costs at most this
+    # many attempts.
     breaker_failures: int = Field(default=20, ge=1, le=1000)
     breaker_cooldown_seconds: float = Field(default=30.0, gt=0, le=3600)
 
