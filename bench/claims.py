@@ -46,14 +46,13 @@ from service.core.settings import Settings
 from service.core.status import Status
 from service.store.claims import (
     CLAIM_BEGIN,
-    CLAIM_DUE,
     FINISH_ATTEMPTS,
     HOLD_CLAIMED,
-    LOCK_DUE,
     RECORD_CLAIMS,
     AttemptResult,
     outcomes_document,
 )
+from service.store.due import CLAIM_DUE, LOCK_DUE
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

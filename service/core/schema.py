@@ -70,12 +70,13 @@ class MessageRecord(InboxTable, table=True):
         CheckConstraint(
             f"status IN ({sql_list(list(Status))})", name="inbox_messages_status_check"
         ),
-        # The worker's "due messages" query: a small partial index over the unfinished rows.
+        # The worker's "due messages" query: a small partial index over the unfinished rows
+        # without an ordering key (0015: keyed ones are claimed from their keys' heads).
         Index(
             "inbox_messages_due_idx",
             "next_attempt_at",
             "id",
-            postgresql_where=text(f"status IN ({sql_list(DUE)})"),
+            postgresql_where=text(f"status IN ({sql_list(DUE)}) AND ordering_key IS NULL"),
         ),
         # The due messages whose last attempt never finished, claimed one at a time: a tiny
         # index, so looking for them each poll costs nothing however large the backlog (0006).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,6 +13,15 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.schema import DUE, Status
+from service.store.due import (
+    ALONE_DUE_SQL,
+    CLAIM_ALONE,
+    CLAIM_DUE,
+    CLAIM_KEYED,
+    KEYED_SOURCES,
+    LOCK_DUE,
+    LOCK_KEYED,
+)
 from service.store.errors import translate_errors
 
 
@@ -37,6 +46,10 @@ class MessageRow:
     # Of a source with named destinations: each destination that has run for the message,
     # and its status (`load_destinations`); empty when none has.
     destinations: dict[str, str] | None = None
+    # Its source's ordering key's value (None: it has none), and its status when claimed
+    # (what it returns to when its run is deferred, `processing.ordering`).
+    ordering_key: str | None = None
+    status: Status = Status.PENDING
 
 
 @dataclass(slots=True)
@@ -196,62 +209,6 @@ async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
         yield conn
 
 
-# Claiming counts the attempt and commits before any handler runs (as Oban and River do), so
-# an attempt that never finishes (the process killed, the machine lost, a handler that kills
-# its worker) is still counted and its message still reaches the dead letters. The claim is a
-# lease: `processing` until `locked_until`, then the reaper finishes it as abandoned. SKIP
-# LOCKED: rows another worker holds are not waited for, so concurrent workers (threads or
-# processes) take disjoint batches. Ordered on the partial due index (0001). A message whose
-# last attempt never finished (`run_alone`) is claimed only with `alone`, one at a time, by
-# a statement of its own (the literal lets the planner use the tiny alone index, 0006).
-# A paused source's messages are not claimed (0011): `inbox_source_pauses` holds a row per
-# paused source, a handful at most, read once per statement (an InitPlan), so a pause takes
-# effect at the next claim of every worker on the database, whatever its cache.
-NOT_PAUSED = "source <> ALL(ARRAY(SELECT p.source FROM inbox_source_pauses AS p))"
-NOT_PAUSED_M = f"m.{NOT_PAUSED}"
-
-# A message with an ordering key waits while an earlier message of its key is unfinished
-# (pending, retrying, processing or dead: 0012's partial index holds exactly those), so one
-# key's messages run one at a time, in id order, whichever worker or process claims them: a
-# claim sees the earlier one unfinished until the transaction that finishes it commits.
-# `{m}`: the claimed row's alias.
-IN_ORDER = """({m}ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM inbox_messages AS e
-         WHERE e.source = {m}source AND e.ordering_key = {m}ordering_key AND e.id < {m}id
-           AND e.ordering_key IS NOT NULL AND e.status NOT IN ('processed', 'discarded')))"""
-
-CLAIM = """
-    WITH due AS (
-        SELECT id
-          FROM inbox_messages
-         WHERE status IN ('pending', 'retrying')
-           AND next_attempt_at <= now()
-           AND source = ANY($1::text[])
-           AND {not_paused}
-           AND {in_order}
-           AND run_alone = {alone}
-         ORDER BY next_attempt_at, id
-         LIMIT $3
-           FOR UPDATE SKIP LOCKED
-    )
-    UPDATE inbox_messages AS m
-       SET status = 'processing',
-           attempts = m.attempts + 1,
-           locked_until = clock_timestamp() + l.lease * interval '1 second'
-      FROM due, unnest($1::text[], $2::float8[]) AS l(source, lease)
-     WHERE m.id = due.id
-       AND m.source = l.source
-    RETURNING m.id, m.source, m.message_id, m.event_type, m.attempts - 1 AS attempts,
-              m.headers, m.body, m.content_type, m.trace_context, m.budget_start
-"""
-CLAIM_DUE = CLAIM.format(
-    alone="false", not_paused=NOT_PAUSED, in_order=IN_ORDER.format(m="inbox_messages.")
-)
-CLAIM_ALONE = CLAIM.format(
-    alone="true", not_paused=NOT_PAUSED, in_order=IN_ORDER.format(m="inbox_messages.")
-)
-
-
 # The claim's plan must not depend on statistics. A backlog the planner has not seen yet (a
 # fresh table; a burst from a source that was rare when the table was last analyzed, as after
 # an outage) is estimated at a few rows, and the planner then ANDs the due index with the
@@ -264,22 +221,46 @@ CLAIM_BEGIN = f"BEGIN; {_NO_SORTS}"
 NO_SORTS = text(_NO_SORTS)
 
 
+def keyed_share(
+    sources: Sequence[str], keyed: Collection[str], limit: int
+) -> tuple[list[str], int]:
+    """The sources of `sources` whose keyed messages a claim of `limit` looks for, and how
+    many of it they may take: all of it when every source is keyed, else half, so that
+    neither a hot key nor a flood of unkeyed messages starves the other."""
+    mine = [name for name in sources if name in keyed]
+    if not mine:
+        return [], 0
+    return mine, limit if len(mine) == len(sources) else max(1, limit // 2)
+
+
 async def claim_due(
-    engine: AsyncEngine, leases: Mapping[str, float], limit: int, *, alone: bool = False
+    engine: AsyncEngine,
+    leases: Mapping[str, float],
+    limit: int,
+    *,
+    alone: bool = False,
+    keyed: Collection[str] = (),
 ) -> list[MessageRow]:
     """Lease up to `limit` due messages of the sources in `leases` (seconds each), in id order.
 
-    Committed at once (one statement in a transaction of its own): the attempts count up by
-    one before anything runs. `alone`: claim among the messages whose last attempt never
-    finished.
+    Committed at once (in a transaction of its own): the attempts count up by one before
+    anything runs. `alone`: claim among the messages whose last attempt never finished.
+    `keyed`: the sources that may hold messages with an ordering key, claimed from their
+    keys' heads (`due.keyed_runs`), the rest from the due index.
     Sent on the driver connection: the batch's rows are built straight from asyncpg's records
     (its JSONB codec, set up by the dialect, decodes `headers`), not through SQLAlchemy's
     result rows.
     """
+    names, seconds = list(leases), list(leases.values())
+    ordered, share = ([], 0) if alone else keyed_share(names, keyed, limit)
     async with driver_transaction(engine, CLAIM_BEGIN) as driver:
-        records = await driver.fetch(
-            CLAIM_ALONE if alone else CLAIM_DUE, list(leases), list(leases.values()), limit
-        )
+        records = []
+        if ordered:
+            records = await driver.fetch(CLAIM_KEYED, ordered, [leases[n] for n in ordered], share)
+        if len(records) < limit:
+            records += await driver.fetch(
+                CLAIM_ALONE if alone else CLAIM_DUE, names, seconds, limit - len(records)
+            )
     return sorted((message_row(r) for r in records), key=lambda row: row.id)
 
 
@@ -302,7 +283,8 @@ async def driver_transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[a
 
 
 def message_row(r: asyncpg.Record) -> MessageRow:
-    """A claim's record (its first ten columns, in CLAIM's order) as a MessageRow."""
+    """A claim's record (its first twelve columns, `due.ROW_COLUMNS` and the status it was
+    claimed in) as a MessageRow."""
     return MessageRow(
         id=r[0],
         source=r[1],
@@ -314,6 +296,8 @@ def message_row(r: asyncpg.Record) -> MessageRow:
         content_type=r[7],
         trace_context=r[8],
         budget_start=r[9],
+        ordering_key=r[10],
+        status=Status(r[11]),
     )
 
 
@@ -378,29 +362,6 @@ async def hold_claimed(
     return {r.id for r in await conn.execute(HOLD_CLAIMED if leased else HOLD_LOCKED, params)}
 
 
-# The claim of a batch of Python handlers (0008): inside the batch's own transaction, lock the
-# due rows without changing them; the lock keeps every other claim, the reaper and the admin's
-# changes off them until the transaction ends. Their attempts are counted by `record_claims`,
-# from another connection, before any handler runs. A row whose claim is live belongs to a
-# batch between its optimistic run and its rerun, and is passed over; one whose claim expired
-# (`abandoned`) had an attempt that never finished, which this batch records instead of
-# running it. A claim of an older attempt (not above `attempts`) is stale and ignored.
-LOCK_DUE = f"""
-    SELECT m.id, m.source, m.message_id, m.event_type, m.attempts, m.headers, m.body,
-           m.content_type, m.trace_context, m.budget_start, c.attempt IS NOT NULL AS abandoned
-      FROM inbox_messages AS m
-      LEFT JOIN inbox_claims AS c ON c.message_id = m.id AND c.attempt > m.attempts
-     WHERE m.status IN ('pending', 'retrying')
-       AND m.next_attempt_at <= now()
-       AND m.source = ANY($1::text[])
-       AND {NOT_PAUSED_M}
-       AND {IN_ORDER.format(m="m.")}
-       AND NOT m.run_alone
-       AND (c.locked_until IS NULL OR c.locked_until < now())
-     ORDER BY m.next_attempt_at, m.id
-     LIMIT $2
-       FOR UPDATE OF m SKIP LOCKED
-"""  # noqa: S608 - a fixed expression, no input
 # What a batch's transaction sends before any handler runs: its own statements' planner
 # settings (NO_SORTS, BY_ID_PLANS) are the inbox's, not the handlers'.
 RESTORE_PLANS = (
@@ -417,9 +378,11 @@ class LockedBatch:
     abandoned: list[MessageRow]
 
 
-async def lock_due(conn: AsyncConnection, sources: Sequence[str], limit: int) -> LockedBatch:
+async def lock_due(
+    conn: AsyncConnection, sources: Sequence[str], limit: int, *, keyed: Collection[str] = ()
+) -> LockedBatch:
     """Lock up to `limit` due messages of `sources` in `conn`'s transaction (which this begins:
-    call it first), in id order.
+    call it first), in id order. `keyed`: as for `claim_due`.
 
     The claim's plan is the due index's (see NO_SORTS): sorts are left disabled, and the
     caller must restore them (RESTORE_PLANS, `MessageSavepoints.defer`) before any handler
@@ -427,11 +390,14 @@ async def lock_due(conn: AsyncConnection, sources: Sequence[str], limit: int) ->
     """
     await conn.execute(NO_SORTS)
     driver = await _driver(conn)
-    records = await driver.fetch(LOCK_DUE, list(sources), limit)
+    ordered, share = keyed_share(sources, keyed, limit)
+    records = await driver.fetch(LOCK_KEYED, ordered, share) if ordered else []
+    if len(records) < limit:
+        records += await driver.fetch(LOCK_DUE, list(sources), limit - len(records))
     rows: list[MessageRow] = []
     abandoned: list[MessageRow] = []
     for r in sorted(records, key=lambda r: r[0]):
-        (abandoned if r[10] else rows).append(message_row(r))
+        (abandoned if r[12] else rows).append(message_row(r))
     return LockedBatch(rows, abandoned)
 
 
@@ -497,21 +463,14 @@ HOLD_LOCKED = text(
 )
 
 
-# The worker's cheap look, every poll: is a message that must run alone due? (The alone
-# index answers it, 0006.)
-ALONE_DUE = text(
-    f"""
-    SELECT EXISTS (
-        SELECT 1
-          FROM inbox_messages
-         WHERE status IN ('pending', 'retrying')
-           AND next_attempt_at <= now()
-           AND source = ANY(CAST(:sources AS text[]))
-           AND {NOT_PAUSED}
-           AND run_alone
-    )
-    """  # noqa: S608 - a fixed expression, no input
-)
+ALONE_DUE = text(ALONE_DUE_SQL)
+
+
+async def keyed_sources(engine: AsyncEngine, sources: Sequence[str]) -> set[str]:
+    """Those of `sources` that hold unfinished messages with an ordering key."""
+    async with translate_errors(), engine.connect() as conn:
+        driver = await _driver(conn)
+        return {r[0] for r in await driver.fetch(KEYED_SOURCES, list(sources))}
 
 
 async def alone_due(engine: AsyncEngine, sources: Sequence[str]) -> bool:
@@ -523,7 +482,9 @@ async def alone_due(engine: AsyncEngine, sources: Sequence[str]) -> bool:
 # the batch's claims (inbox_claims, for the messages claimed by `lock_due`). The update is
 # fenced on the attempts count and status the caller saw, so the outcome of a lease that expired
 # and was claimed again by someone else is dropped instead of overwriting the newer attempt.
-# An attempt that finished clears `run_alone`; one reaped unfinished sets it. The outcomes
+# An attempt that finished clears `run_alone`; one reaped unfinished sets it. A deferred one
+# (a rate limit, a breaker or its ordering key held it: it did not run) gives its attempt
+# back, keeps its last error and writes no attempt row. The outcomes
 # travel as one JSON document ($1), not as fourteen arrays: asyncpg checks every array element
 # against three abstract base classes, which made recording 100 outcomes cost the worker about
 # 20 us a message against 8. The rows are found by id (BY_ID_STATUS).
@@ -545,14 +506,14 @@ FINISH_ATTEMPTS = f"""
                                       ELSE m.next_attempt_at END,
                processed_at = CASE WHEN u.status = 'processed' THEN clock_timestamp() END,
                locked_until = NULL,
-               last_error = u.last_error,
+               last_error = CASE WHEN u.deferred THEN m.last_error ELSE u.last_error END,
                run_alone = u.unfinished
           FROM u
          WHERE m.id = u.id
            AND m.attempts = u.expected
            AND {BY_ID_STATUS} = ANY($2::text[])
      RETURNING m.id, u.attempt, u.started_at, u.finished_at, u.outcome, u.error_type,
-               u.error, u.traceback, u.duration_ms, u.per_destination
+               u.error, u.traceback, u.duration_ms, u.per_destination, u.deferred
     ), released AS (
         DELETE FROM inbox_claims AS c USING finished WHERE c.message_id = finished.id
     ), recorded AS (
@@ -561,7 +522,7 @@ FINISH_ATTEMPTS = f"""
         SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
                duration_ms, $3
           FROM finished
-         WHERE per_destination IS NOT TRUE
+         WHERE per_destination IS NOT TRUE AND NOT deferred
     )
     SELECT id FROM finished
 """  # noqa: S608 - a fixed expression, no input

@@ -24,6 +24,7 @@ from service.processing.fanout import expect_gated, run_destinations
 from service.processing.forward import forward_message_traced, lease_seconds
 from service.processing.gates import DestinationGates, breaks_circuit
 from service.processing.handler_api import HandlerSession
+from service.processing.ordering import Stopped, behind, run_in_order, runs
 from service.processing.pipeline import Pipeline
 from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry_failure
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope, run_handlers
@@ -43,6 +44,7 @@ from service.store.claims import (
     expired_leases,
     finish_attempts,
     hold_claimed,
+    keyed_sources,
     load_destinations,
     lock_due,
     record_claims,
@@ -210,6 +212,9 @@ class Worker:
         # due now, so claim again at once instead of waiting for a wake-up (a partial batch
         # does not mean an empty backlog when keys hold messages back).
         self._ordered = {name for name, p in self.pipelines.items() if p.config.ordering_key}
+        # The sources whose keyed messages are claimed from their keys' heads: those with an
+        # ordering key, and (found at start) those that had one and still hold keyed messages.
+        self._keyed = set(self._ordered)
         self._claim_again = False
         self._notices: set[asyncio.Task[None]] = set()  # circuit-breaker notices being sent
 
@@ -277,6 +282,7 @@ class Worker:
         if alerting is not None:
             # Before any claim loop runs: a message this worker kills is then always announced.
             await start_alerts(self.engine, alerting, self.sources)
+        self._keyed |= await keyed_sources(self.engine, self.sources)
         async with httpx.AsyncClient(limits=limits, follow_redirects=False) as http:
             self._http = http
             loops = [
@@ -397,7 +403,7 @@ class Worker:
                 _Claimed(leased=False, sources=lease, limit=taken.granted)
             )
         else:
-            rows = await claim_due(self.engine, lease, taken.granted)
+            rows = await claim_due(self.engine, lease, taken.granted, keyed=self._keyed)
             await self._run_claimed(rows)
             claimed = len(rows)
         await rate_limits.give_back(self.engine, source, limit.burst, taken.granted - claimed)
@@ -421,7 +427,7 @@ class Worker:
         if not admission.allowed:
             self._wake_later(admission.wait_seconds)
             return 0
-        rows = await claim_due(self.engine, {source: lease}, admission.allowed)
+        rows = await claim_due(self.engine, {source: lease}, admission.allowed, keyed=self._keyed)
         results = await self._forward(rows) if rows else []
         failed = [r for r in results if breaks_circuit(r.status, r.error_type, r.error)]
         succeeded = sum(r.status == Status.PROCESSED for r in results)
@@ -614,7 +620,7 @@ class Worker:
         claimed.locked = True
         sources = self._locking if claimed.sources is None else claimed.sources
         limit = self.options.batch_size if claimed.limit is None else claimed.limit
-        batch = await lock_due(conn, list(sources), limit)
+        batch = await lock_due(conn, list(sources), limit, keyed=self._keyed)
         await record_claims(self.engine, batch.rows, sources, self.actor)
         claimed.rows = batch.rows  # counted, committed
         return {row.id for row in batch.rows}, batch.abandoned
@@ -684,13 +690,20 @@ class Worker:
                 claimed.gates = DestinationGates(self.engine, self.pipelines)
                 for row in fanning:
                     expect_gated(claimed.gates, self.pipelines[row.source], row)
+            # An ordering key's run stops at its first message that does not succeed.
+            stopped = Stopped(abandoned)
             async with handler_scope(conn) as (session, savepoints):
                 # Sorts left off by lock_due, plans by id by hold_claimed (or a no-op).
                 savepoints.defer(RESTORE_PLANS)
                 deadline = None if isolated else BatchDeadline(savepoints)
                 try:
                     for row in rows:
+                        if stopped.holds(row):
+                            if row.id in held:
+                                results.append(behind(row))
+                            continue
                         if row.id not in held:
+                            stopped.stop(row)
                             log.warning(
                                 "claim lost before its handlers ran (reaped or claimed again); "
                                 "skipped",
@@ -719,6 +732,7 @@ class Worker:
                                 gates=claimed.gates,
                             )
                         elif earlier is not None:
+                            stopped.stop(row, earlier)
                             results.append(earlier)
                             continue
                         else:
@@ -736,6 +750,7 @@ class Worker:
                             raise _OptimisticRunFailed(row, result)
                         if exc is not None and isolate_failed:
                             self._isolate(row.source)
+                        stopped.stop(row, result)
                         results.append(result)
                 finally:
                     # A stopper still under way (a message past its limit) ends before the
@@ -809,14 +824,14 @@ class Worker:
     async def _forward(self, rows: list[MessageRow]) -> list[AttemptResult]:
         assert self._http is not None
         http = self._http
-        results = await asyncio.gather(
-            *(
-                forward_message_traced(
-                    http, row, row.attempts + 1, self.pipelines[row.source].config
-                )
-                for row in rows
-            )
-        )
+
+        async def forward(row: MessageRow) -> AttemptResult:
+            config = self.pipelines[row.source].config
+            return await forward_message_traced(http, row, row.attempts + 1, config)
+
+        # Each key's run in order, the keys and the unkeyed messages concurrently.
+        ran = await asyncio.gather(*(run_in_order(run, forward) for run in runs(rows)))
+        results = [result for run in ran for result in run]
         recorded = await record_results(self.engine, results, self.actor, leased=True)
         if self._ordered and any(row.source in self._ordered for row in rows):
             self._claim_again = True

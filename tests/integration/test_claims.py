@@ -22,14 +22,11 @@ from service.store.admin import MessageFilter, list_messages
 from service.store.claims import (
     ALONE_DUE,
     BY_ID_STATUS,
-    CLAIM_ALONE,
     CLAIM_BEGIN,
-    CLAIM_DUE,
     EXPIRED_LEASES,
     FINISH_ATTEMPTS,
     HOLD_CLAIMED,
     LEASED,
-    LOCK_DUE,
     NO_SORTS,
     AttemptResult,
     MessageRow,
@@ -42,6 +39,7 @@ from service.store.claims import (
     outcomes_document,
     record_results,
 )
+from service.store.due import CLAIM_ALONE, CLAIM_DUE, LOCK_DUE
 
 BACKLOG = 20_000
 CLAIM_ARGS = (["burst"], [30.0], 100)  # sources, leases, limit
