@@ -46,7 +46,7 @@ def describe_detail(detail: MessageDetail) -> str:
         ("status", detail.status.value),
         ("attempts", detail.attempt_count),
         ("received", f"{detail.received_at.isoformat()} ({detail.receive_count} deliveries)"),
-        ("next attempt", detail.next_attempt_at.isoformat()),
+        ("next attempt", detail.next_attempt_at.isoformat() if detail.next_attempt_at else None),
         ("processed", detail.processed_at.isoformat() if detail.processed_at else None),
         ("last error", detail.last_error),
         ("ordering key", detail.ordering_key),

@@ -63,6 +63,30 @@ def without_ages(stats: dict[str, Any]) -> dict[str, Any]:
     return stats
 
 
+async def test_only_a_message_still_to_be_tried_has_a_next_attempt(
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    statuses = ["pending", "retrying", "processed", "dead", "discarded"]
+    ids = {status: await seed(db, f"m-{status}", status=status) for status in statuses}
+    async with admin_client(client_for) as client:
+        listed = (await client.get("/admin/messages", headers=AUTH)).json()["items"]
+        details = {
+            status: (await client.get(f"/admin/messages/{id_}", headers=AUTH)).json()
+            for status, id_ in ids.items()
+        }
+    due = {m["status"] for m in listed if m["next_attempt_at"] is not None}
+    assert due == {"pending", "retrying"}
+    assert {s for s, d in details.items() if d["next_attempt_at"] is not None} == due
+    for status in ("dead", "processed"):
+        shown = await cli(monkeypatch, database_url, "messages", "show", str(ids[status]))
+        assert "next attempt: -\n" in shown.out, shown.out
+    retrying = await cli(monkeypatch, database_url, "messages", "show", str(ids["retrying"]))
+    assert "next attempt: -\n" not in retrying.out
+
+
 async def test_filters_and_paging(
     db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -134,7 +134,10 @@ class MessageSummary(BaseModel):
     receive_count: int = Field(description="Deliveries received: 1, plus one per duplicate.")
     received_at: datetime = Field(description="When the first delivery was recorded.")
     last_received_at: datetime = Field(description="When the latest delivery arrived.")
-    next_attempt_at: datetime = Field(description="When the worker may next try it.")
+    next_attempt_at: datetime | None = Field(
+        description="When the worker may next try it; null once no attempt is to come "
+        "(`processing`, `processed`, `dead`, `discarded`)."
+    )
     processed_at: datetime | None = Field(description="When its handlers committed, if they did.")
     last_error: str | None = Field(description="The error of the latest failed attempt, if any.")
 
