@@ -1,4 +1,4 @@
-"""Process settings, from the environment (SPEC §2), validated before anything starts."""
+"""Process settings from the environment (docs/configuration.md), checked before any start."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class ConfigError(Exception):
 
 
 class Settings(BaseSettings):
-    """Process settings, from the environment (SPEC §2)."""
+    """Process settings, from the environment (docs/configuration.md#environment)."""
 
     model_config = SettingsConfigDict(env_prefix="INBOX_", extra="ignore", populate_by_name=True)
 
@@ -43,9 +43,9 @@ class Settings(BaseSettings):
     # and a server process takes at most this many concurrent connections (else 503).
     body_timeout_seconds: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=1000, ge=1)
-    # The worker (SPEC §5): concurrent claim loops, messages per claim, polling fallback period,
-    # how long in-flight batches may run on at shutdown, and how long a forward's lease outlives
-    # its HTTP timeout.
+    # The worker (docs/handlers.md#how-the-worker-runs-handlers): concurrent claim loops,
+    # messages per claim, polling fallback period, how long in-flight batches may run on at
+    # shutdown, and how long a forward's lease outlives its HTTP timeout.
     worker_concurrency: int = Field(default=4, ge=1, le=256)
     worker_batch_size: int = Field(default=100, ge=1, le=10_000)
     worker_poll_seconds: float = Field(default=2.0, gt=0, le=3600)

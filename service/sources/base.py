@@ -256,7 +256,7 @@ class Source(ABC, Generic[ConfigT]):
         """Authenticate `delivery` over its raw bytes, then name its messages; raise `Rejected`."""
 
     def respond(self, results: Sequence[Recorded], batch: bool) -> tuple[int, Any]:
-        """The status and JSON body answering a recorded delivery (SPEC §4)."""
+        """The status and JSON body answering a recorded delivery (docs/ingest.md#responses)."""
         if batch:
             return 200, {
                 "results": [{"message_id": r.message_id, "status": r.outcome} for r in results]
@@ -271,7 +271,8 @@ class Source(ABC, Generic[ConfigT]):
         return None
 
     def answer_rejection(self, rejected: Rejected) -> Handshake | None:
-        """A sender-specific answer to a refused delivery, or None for the SPEC §4 problem."""
+        """A sender-specific answer to a refused delivery, or None for the problem document of
+        docs/ingest.md#responses."""
         return None
 
     def stored_headers(self, raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
