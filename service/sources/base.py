@@ -8,6 +8,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from http import HTTPStatus
 from typing import Any, ClassVar, Generic, Literal, TypeVar, get_args, get_origin
 
@@ -237,9 +238,15 @@ class Source(ABC, Generic[ConfigT]):
         self.name = name
         self.config = config
         self._stored_names: dict[bytes, tuple[str, bool]] = {}
-        self._token = None if config.token is None else config.token.get_secret_value()
         self.tolerance_seconds = config.tolerance_seconds
         self._ordering_key = config.ordering_key
+
+    # A source's secrets are read where it is verified or signed for, once, not when it is
+    # built: a command about another source (or none) must not need them (`UnsetSecret`).
+    @cached_property
+    def _token(self) -> str | None:
+        token = self.config.token
+        return None if token is None else token.get_secret_value()
 
     async def authenticate(self, delivery: RawDelivery) -> Verdict:
         """Check the shared `token` every kind may require, then the kind's own scheme."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_attempt, status_of
-from tests.cli_runner import cli, run_cli
+from tests.cli_runner import cli, refused_at_start, run_cli
 from tests.conftest import AppFactory
 from tests.pg import create_database, drop_database, with_database
 
@@ -252,3 +253,39 @@ async def test_bulk_retry_counts_first_then_retries_what_the_filters_match(
     )
     assert replayed.json() == {"matched": 1, "retried": 1}
     assert await status_of(db, done) == "pending"
+
+
+# Two sources with `env:` secrets; only the one the test sets is resolvable.
+TWO_SECRETS = """
+sources.orders = { kind = "github", secrets = ["env:ORDERS_SECRET"] }
+sources.shop = { kind = "shopify", secrets = ["env:SHOP_SECRET"] }
+"""
+
+
+async def test_a_command_needs_only_the_secrets_of_the_source_it_verifies_or_signs_for(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    toml = tmp_path / "inbox.toml"
+    toml.write_text(TWO_SECRETS)
+    monkeypatch.setenv("INBOX_CONFIG", str(toml))
+    monkeypatch.setenv("ORDERS_SECRET", "orders-signing-secret")
+    monkeypatch.delenv("SHOP_SECRET", raising=False)
+    unset = "sources.shop.secrets[0]: environment variable SHOP_SECRET is not set"
+
+    paused = await cli(monkeypatch, database_url, "pause", "orders", "--reason", "x")
+    assert paused.status == 0, paused.err
+    assert (await cli(monkeypatch, database_url, "resume", "shop")).status == 0
+    assert (await cli(monkeypatch, database_url, "messages", "list")).status == 0
+    assert (await cli(monkeypatch, database_url, "destinations")).status == 0
+    assert (await cli(monkeypatch, database_url, "prune")).status == 0
+    # `send orders` signs and posts (to nothing listening): past the config, with no word of shop.
+    sent = await cli(monkeypatch, database_url, "send", "orders", "--url", "http://127.0.0.1:1")
+    assert sent.status == 3, sent.err
+    assert "no answer from http://127.0.0.1:1/webhooks/orders" in sent.err
+    # The source signed for needs its secret, and serving needs every source's, before it starts.
+    refused = await cli(monkeypatch, database_url, "send", "shop")
+    assert refused.status == 2
+    assert refused.err.strip().endswith(f"config error: {toml}: {unset}"), refused.err
+    for command in ("serve", "worker"):
+        stopped = refused_at_start(monkeypatch, toml, TWO_SECRETS, command)
+        assert stopped == f"config error: {toml}: {unset}"

@@ -44,6 +44,42 @@ def test_missing_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     assert error_for(config) == "sources.sw.secrets[0]: environment variable NOPE_SECRET is not set"
 
 
+def test_a_file_read_lazily_leaves_each_unset_secret_to_where_it_is_needed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("SW_SECRET", "TOKEN", "BASIC", "DAPR_TOKEN", "ALERT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    config = {
+        "sources": {
+            "sw": {"kind": "standard-webhooks", "secrets": ["env:SW_SECRET"]},
+            "g": {"kind": "generic", "id_header": "x-id", "token": "env:TOKEN"},
+            "b": {"kind": "generic", "id_header": "x-id", "basic_auth": "env:BASIC"},
+            "d": {"kind": "dapr", "app_api_token": "env:DAPR_TOKEN"},
+            "plain": {"kind": "generic", "id_header": "x-id"},
+        },
+        "alerts": {"webhooks": ["env:ALERT_URL"]},
+    }
+    inbox = parse_inbox_config(config, lazy_secrets=True)
+    inbox.require_secrets(["plain"])
+    refusals = {}
+    for name in ("sw", "g", "b", "d", None):
+        with pytest.raises(ConfigError) as refused:
+            inbox.require_secrets(None if name is None else [name])
+        refusals[name] = str(refused.value)
+    assert refusals == {
+        "sw": "sources.sw.secrets[0]: environment variable SW_SECRET is not set",
+        "g": "sources.g.token: environment variable TOKEN is not set",
+        "b": "sources.b.basic_auth: environment variable BASIC is not set",
+        "d": "sources.d.app_api_token: environment variable DAPR_TOKEN is not set",
+        None: "sources.sw.secrets[0]: environment variable SW_SECRET is not set",
+    }
+    del config["sources"]
+    with pytest.raises(ConfigError, match=r"alerts\.webhooks\[0\]: environment variable ALERT_URL"):
+        parse_inbox_config(config, lazy_secrets=True).require_secrets()
+    # Read as `serve` reads it, the first unset secret stops it.
+    assert error_for(config) == "alerts.webhooks[0]: environment variable ALERT_URL is not set"
+
+
 def test_empty_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMPTY_SECRET", "  ")
     config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:EMPTY_SECRET"]}}}
