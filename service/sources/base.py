@@ -309,6 +309,11 @@ class Source(ABC, Generic[ConfigT]):
             self._stored_names[raw_name] = known
         return known
 
+    def start_warning(self) -> str | None:
+        """What an operator should hear when this source starts (logged, and in `/readyz`):
+        a configuration that starts but is likely not what was meant."""
+        return None
+
     def is_sensitive_header(self, name: str) -> bool:
         lower = name.lower()
         return (

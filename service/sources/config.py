@@ -19,7 +19,7 @@ from pydantic import (
     ValidationInfo,
 )
 
-from service.core.settings import ConfigError
+from service.core.settings import ConfigError, did_you_mean
 from service.sources.filters import PayloadFilter
 from service.sources.jsonpointer import validate_pointer
 
@@ -104,7 +104,7 @@ def check_target(value: str) -> str:
     if _TARGET.fullmatch(value):
         return value
     module, dot, function = value.rpartition(".")
-    hint = f" (did you mean {module}:{function}?)" if dot and ":" not in value else ""
+    hint = did_you_mean(value, [f"{module}:{function}"]) if dot and ":" not in value else ""
     raise ValueError(
         f"write a handler as module:function, as in myapp.billing:on_payment, not {value!r}{hint}"
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.core.settings import ConfigError, format_validation_error
+from service.core.settings import ConfigError, did_you_mean, format_validation_error
 from service.sources import KINDS
 from service.sources.base import AnySource
 from service.sources.config import (
@@ -21,6 +21,7 @@ from service.sources.config import (
 )
 
 _SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+TOP_LEVEL_KEYS = ("sources", "retention", "alerts")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,14 @@ class InboxConfig:
     sources: Mapping[str, AnySource] = field(default_factory=dict)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+
+    def warnings(self) -> dict[str, str]:
+        """Each source's `start_warning` (a `generic` one that checks nothing), by name."""
+        return {
+            name: warning
+            for name, source in self.sources.items()
+            if (warning := source.start_warning()) is not None
+        }
 
     def require_secrets(self, sources: Iterable[str] | None = None) -> None:
         """Refuse a source of `sources` (by default every one, and `[alerts]`) with a secret
@@ -59,7 +68,7 @@ def build_source(name: str, table: Any, *, lazy_secrets: bool = False) -> AnySou
     try:
         config = cls.config_model.model_validate(table, context=lazy(lazy_secrets))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(where, exc)) from None
+        raise ConfigError(format_validation_error(where, exc, cls.config_model)) from None
     return cls(name, config)
 
 
@@ -103,9 +112,9 @@ def parse_inbox_config(raw: Mapping[str, Any], *, lazy_secrets: bool = False) ->
     `InboxConfig.require_secrets`, for a command that verifies or signs for few sources or
     none (docs/configuration.md#secrets).
     """
-    unknown = set(raw) - {"sources", "retention", "alerts"}
+    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
     if unknown:
-        raise ConfigError(f"{sorted(unknown)[0]}: unknown key")
+        raise ConfigError(f"{unknown[0]}: unknown key{did_you_mean(unknown[0], TOP_LEVEL_KEYS)}")
     sources_table = raw.get("sources", {})
     if not isinstance(sources_table, dict):
         raise ConfigError("sources: must be a table of [sources.NAME] tables")
@@ -116,12 +125,12 @@ def parse_inbox_config(raw: Mapping[str, Any], *, lazy_secrets: bool = False) ->
     try:
         retention = RetentionConfig.model_validate(raw.get("retention", {}))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error("retention", exc)) from None
+        raise ConfigError(format_validation_error("retention", exc, RetentionConfig)) from None
     check_retention_floors(sources, retention)
     try:
         alerts = AlertsConfig.model_validate(raw.get("alerts", {}), context=lazy(lazy_secrets))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error("alerts", exc)) from None
+        raise ConfigError(format_validation_error("alerts", exc, AlertsConfig)) from None
     return InboxConfig(sources=sources, retention=retention, alerts=alerts)
 
 

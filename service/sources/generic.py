@@ -84,6 +84,12 @@ class GenericSource(BodyHmacSource[GenericConfig]):
             + [f"the JSON field {config.id_json_pointer}"] * (config.id_json_pointer is not None)
         )
 
+    def start_warning(self) -> str | None:
+        config = self.config
+        if config.hmac is None and config.basic_auth is None and config.token is None:
+            return "accepts unsigned deliveries: it has no [hmac], basic_auth or token"
+        return None
+
     @cached_property
     def _basic_auth(self) -> str | None:
         basic_auth = self.config.basic_auth

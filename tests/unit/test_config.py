@@ -29,13 +29,31 @@ def test_missing_kind() -> None:
     assert error_for({"sources": {"pay": {}}}).startswith("sources.pay.kind: missing")
 
 
-def test_unknown_key_names_it() -> None:
+def test_unknown_key_names_it_and_the_known_key_it_is_closest_to() -> None:
     message = error_for({"sources": {"s": {"kind": "generic", "id_header": "x", "idheader": "y"}}})
-    assert message == "sources.s.idheader: unknown key"
+    assert message == "sources.s.idheader: unknown key (did you mean id_header?)"
+    demo = {"kind": "generic", "id_json_pointr": "/id"}
+    assert error_for({"sources": {"demo": demo}}) == (
+        "sources.demo.id_json_pointr: unknown key (did you mean id_json_pointer?)"
+    )
+    # In a nested table too, and before the "required" error the misspelling also causes.
+    forward = {"kind": "generic", "id_header": "x", "forward": {"urll": "http://127.0.0.1/"}}
+    assert error_for({"sources": {"f": forward}}) == (
+        "sources.f.forward.urll: unknown key (did you mean url?)"
+    )
+    routed = {"kind": "generic", "id_header": "x", "destinations": {"b": {"handlerz": []}}}
+    assert error_for({"sources": {"r": routed}}).startswith(
+        "sources.r.destinations.b.handlerz: unknown key (did you mean handler"
+    )
+    assert error_for({"retention": {"procesed_days": 30}}) == (
+        "retention.procesed_days: unknown key (did you mean processed_days?)"
+    )
+    nothing_close = {"kind": "generic", "id_header": "x", "zzzz": 1}
+    assert error_for({"sources": {"s": nothing_close}}) == "sources.s.zzzz: unknown key"
 
 
 def test_unknown_top_level_key() -> None:
-    assert error_for({"source": {}}) == "source: unknown key"
+    assert error_for({"source": {}}) == "source: unknown key (did you mean sources?)"
 
 
 def test_missing_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
