@@ -78,6 +78,36 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert not broken, broken
 
 
+def section(page: Path, anchor: str) -> str:
+    """The text under the heading whose anchor is `anchor`, up to the next heading."""
+    text = prose(page.read_text())
+    headings = list(HEADING.finditer(text))
+    for match, following in zip(headings, [*headings[1:], None], strict=True):
+        if slug(match.group(1)) == anchor:
+            return text[match.end() : following.start() if following else len(text)]
+    raise AssertionError(f"no heading #{anchor} in {page.relative_to(ROOT)}")
+
+
+@pytest.mark.parametrize(
+    ("phrase", "subject"),
+    [
+        ("in order", "order"),
+        ("rate limit", "rate_limit"),
+        ("be paused by an operator", "pause"),
+        ("a forward that is", "breaker"),
+    ],
+)
+def test_the_readme_links_each_thing_a_source_can_do_to_where_it_is_documented(
+    phrase: str, subject: str
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    after = readme[readme.index(phrase) :]
+    target = LINK.search(after)
+    assert target is not None
+    path, _, fragment = target.group(1).partition("#")
+    assert subject in section(ROOT / path, fragment).lower(), target.group(1)
+
+
 CODE = sorted(p for top in ("service", "tests", "bench") for p in (ROOT / top).rglob("*.py"))
 # `docs/handlers.md` or `docs/handlers.md#ordering-keys` in a comment or docstring.
 CITATION = re.compile(r"\bdocs/([\w.-]+\.md)(?:#([\w-]+))?")
