@@ -28,7 +28,7 @@ def summary_table(items: list[MessageSummary]) -> str:
                 m.message_id,
                 m.event_type,
                 m.status.value,
-                m.attempt_count,
+                m.attempts_text(),
                 m.received_at,
                 m.last_error,
             ]
@@ -44,7 +44,7 @@ def describe_detail(detail: MessageDetail) -> str:
         ("message id", detail.message_id),
         ("event type", detail.event_type),
         ("status", detail.status.value),
-        ("attempts", detail.attempt_count),
+        ("attempts", detail.attempts_text()),
         ("received", f"{detail.received_at.isoformat()} ({detail.receive_count} deliveries)"),
         ("next attempt", detail.next_attempt_at.isoformat() if detail.next_attempt_at else None),
         ("processed", detail.processed_at.isoformat() if detail.processed_at else None),

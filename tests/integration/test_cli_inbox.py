@@ -12,6 +12,7 @@ import pytest
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_attempt, status_of
 from tests.cli_runner import cli, refused_at_start, run_cli
 from tests.conftest import AppFactory
+from tests.console_helpers import sign_in
 from tests.pg import create_database, drop_database, with_database
 
 
@@ -86,6 +87,41 @@ async def test_only_a_message_still_to_be_tried_has_a_next_attempt(
         assert "next attempt: -\n" in shown.out, shown.out
     retrying = await cli(monkeypatch, database_url, "messages", "show", str(ids["retrying"]))
     assert "next attempt: -\n" not in retrying.out
+
+
+async def test_after_an_operator_retry_both_attempt_counts_are_shown_and_named(
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dead = await seed(db, "m-dead", status="dead", attempts=5, last_error="handler failed")
+    fresh = await seed(db, "m-fresh", status="retrying", attempts=2)
+    async with admin_client(client_for) as client:
+        retried = (await client.post(f"/admin/messages/{dead}/retry", headers=AUTH)).json()
+        # One more attempt, after the retry: the history's #6, the new budget's first.
+        await db.execute("UPDATE inbox_messages SET attempts = 6 WHERE id = $1", dead)
+        listed = (await client.get("/admin/messages", headers=AUTH)).json()["items"]
+        shown = (await client.get(f"/admin/messages/{dead}", headers=AUTH)).json()
+        await sign_in(client)
+        page = (await client.get(f"/console/messages/{dead}")).text
+        console_list = (await client.get("/console/messages")).text
+    counts = ("attempt_count", "attempt_count_total")
+    assert [retried[k] for k in counts] == [0, 5]
+    assert {m["message_id"]: [m[k] for k in counts] for m in listed} == {
+        "m-dead": [1, 6],
+        "m-fresh": [2, 2],
+    }
+    assert [shown[k] for k in counts] == [1, 6]
+    table = await cli(monkeypatch, database_url, "messages", "list")
+    detail = await cli(monkeypatch, database_url, "messages", "show", str(dead))
+    untouched = await cli(monkeypatch, database_url, "messages", "show", str(fresh))
+    both = "1 since retry, 6 in all"
+    assert both in table.out
+    assert f"attempts:     {both}\n" in detail.out
+    assert "attempts:     2\n" in untouched.out
+    assert both in page
+    assert both in console_list
 
 
 async def test_filters_and_paging(
