@@ -51,6 +51,7 @@ def create_app(
     """
     settings = settings or Settings()
     inbox = inbox if inbox is not None else load_inbox_config(Path(settings.config))
+    inbox.require_secrets()  # the app verifies every source: none may be read lazily
     # Per app, not per module: each test's app (and each server process) counts on its own.
     app_metrics = Metrics(sources=inbox.sources)
     pipelines = resolve_pipelines(inbox)

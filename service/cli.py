@@ -233,7 +233,7 @@ def run_command(args: argparse.Namespace) -> None:
     elif args.command == "prune":
         from service.core.db import database_url
 
-        settings, inbox, _ = load()
+        settings, inbox, _ = load(lazy_secrets=True)  # retention reads no secret
         url = database_url(settings)
         try:
             report = asyncio.run(prune_once(url, settings, inbox))

@@ -168,6 +168,8 @@ def preload_children() -> None:
 def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> None:
     """Run `serve` until SIGTERM, SIGINT or SIGHUP; every child drains before it returns."""
     check_children_config()
+    for source, warning in inbox.warnings().items():
+        log.warning(warning, extra={"source": source})
     embedded = None if settings.database_url else EmbeddedPostgres.start(settings.data_dir)
     url = settings.database_url or (embedded.url if embedded else "")
     state_dir = Path(tempfile.mkdtemp(prefix="webhook-inbox-"))

@@ -23,13 +23,15 @@ def load(
     *,
     handlers: bool = True,
     tracing: bool = True,
+    lazy_secrets: bool = False,
     **overrides: Any,
 ) -> tuple[Settings, InboxConfig, dict[str, Pipeline]]:
     """Settings, sources and their imported handlers, or exit 1 with one line naming the fault.
 
     `role` is stamped on every log line of this process (supervisor, http, processing, cli).
     Without `handlers`, no handler module is imported (and the pipelines are empty); without
-    `tracing`, OTEL_* is not read.
+    `tracing`, OTEL_* is not read; with `lazy_secrets`, an unset `env:` secret is left for
+    `InboxConfig.require_secrets` (a command that verifies and signs for no source).
     """
     from pydantic import ValidationError
 
@@ -52,7 +54,9 @@ def load(
     if settings_only:
         return settings, InboxConfig(), {}
     try:
-        inbox = load_inbox_config(Path(settings.config), required=settings.config_is_set)
+        inbox = load_inbox_config(
+            Path(settings.config), required=settings.config_is_set, lazy_secrets=lazy_secrets
+        )
     except ConfigError as exc:
         raise SystemExit(f"config error: {exc}") from None
     if not handlers:

@@ -56,7 +56,7 @@ async def refusal_of(
 
 
 def assert_refused(refusal: Rejected, status: int, detail_part: str) -> None:
-    """A refusal answered with `status` (SPEC §4), whose detail names `detail_part`."""
+    """A refusal answered with `status` (docs/ingest.md#responses), naming `detail_part`."""
     assert refusal.status == status, refusal.detail
     assert detail_part in refusal.detail, refusal.detail
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from service.api.problems import problem, problem_responses
@@ -25,6 +25,11 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: str
     schema_revision: str | None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the configuration starts with but likely did not mean, one line "
+        "each, as logged at start: a `generic` source that accepts unsigned deliveries.",
+    )
 
 
 @router.get("/healthz", response_model=Health)
@@ -78,4 +83,5 @@ async def readyz(state: StateDep) -> Ready | Response:
         return problem(
             503, f"schema at {revision}, expected {expected.head}: run `webhook-inbox migrate`"
         )
-    return Ready(status="ready", schema_revision=revision)
+    warnings = [f"source {name} {warning}" for name, warning in state.inbox.warnings().items()]
+    return Ready(status="ready", schema_revision=revision, warnings=warnings)

@@ -29,7 +29,8 @@ pubsub sources that check Google's OIDC tokens.
 EPILOG = """
 SOURCE, its kind and secrets come from the sources file, as `serve` reads it (INBOX_CONFIG,
 default inbox.toml; `make run` serves inbox.example.toml when there is no inbox.toml, with
-DEMO_WEBHOOK_SECRET=demo-local-secret). The same --id sent twice is answered as a duplicate.
+DEMO_WEBHOOK_SECRET=demo-local-secret); only SOURCE's own `env:` secrets need be set. The
+same --id sent twice is answered as a duplicate.
 Exit status: 0 the service answered 2xx (accepted, duplicate, processed), 1 it answered
 otherwise, 2 usage error (unknown source, a kind send cannot sign for), 3 no service answered.
 """
@@ -68,9 +69,21 @@ def load_sources(settings: Settings) -> InboxConfig:
     from service.sources.config_file import load_inbox_config
 
     try:
-        return load_inbox_config(Path(settings.config), required=settings.config_is_set)
+        return load_inbox_config(
+            Path(settings.config), required=settings.config_is_set, lazy_secrets=True
+        )
     except ConfigError as exc:
         raise CommandError(f"config error: {exc}", Exit.USAGE) from None
+
+
+def require_secrets(settings: Settings, inbox: InboxConfig, source: str) -> None:
+    """The one source a command signs for needs its secrets; the others' may be unset."""
+    from service.core.settings import ConfigError
+
+    try:
+        inbox.require_secrets([source])
+    except ConfigError as exc:
+        raise CommandError(f"config error: {settings.config}: {exc}", Exit.USAGE) from None
 
 
 def read_file(name: str | None) -> Wanted:
@@ -131,6 +144,7 @@ def run(args: argparse.Namespace) -> Exit:
             "INBOX_CONFIG names the file `serve` reads",
             Exit.USAGE,
         )
+    require_secrets(settings, inbox, source.name)
     wanted = read_file(args.file)
     wanted = Wanted(wanted.payload, wanted.raw, args.id, args.event_type)
     try:

@@ -1,11 +1,14 @@
-"""Process settings, from the environment (SPEC §2), validated before anything starts."""
+"""Process settings from the environment (docs/configuration.md), checked before any start."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import NoneType, UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MIB = 1024 * 1024
@@ -16,7 +19,7 @@ class ConfigError(Exception):
 
 
 class Settings(BaseSettings):
-    """Process settings, from the environment (SPEC §2)."""
+    """Process settings, from the environment (docs/configuration.md#environment)."""
 
     model_config = SettingsConfigDict(env_prefix="INBOX_", extra="ignore", populate_by_name=True)
 
@@ -43,9 +46,9 @@ class Settings(BaseSettings):
     # and a server process takes at most this many concurrent connections (else 503).
     body_timeout_seconds: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=1000, ge=1)
-    # The worker (SPEC §5): concurrent claim loops, messages per claim, polling fallback period,
-    # how long in-flight batches may run on at shutdown, and how long a forward's lease outlives
-    # its HTTP timeout.
+    # The worker (docs/handlers.md#how-the-worker-runs-handlers): concurrent claim loops,
+    # messages per claim, polling fallback period, how long in-flight batches may run on at
+    # shutdown, and how long a forward's lease outlives its HTTP timeout.
     worker_concurrency: int = Field(default=4, ge=1, le=256)
     worker_batch_size: int = Field(default=100, ge=1, le=10_000)
     worker_poll_seconds: float = Field(default=2.0, gt=0, le=3600)
@@ -84,16 +87,64 @@ def error_path(*parts: str | int) -> str:
     return path
 
 
-def format_validation_error(prefix: str, err: ValidationError) -> str:
-    """The first error of `err` as `prefix.field[0].key: message`, the one line a user needs.
+def did_you_mean(offered: str, choices: Iterable[str]) -> str:
+    """` (did you mean X?)` with the choice closest to `offered`, or "" when none is close."""
+    close = difflib.get_close_matches(offered, list(choices), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _unwrapped(annotation: Any) -> Any:
+    """`X` of `Annotated[X, ...]` and of `X | None`."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, UnionType):
+            kept = [a for a in get_args(annotation) if a is not NoneType]
+            if len(kept) != 1:
+                return annotation
+            annotation = kept[0]
+        else:
+            return annotation
+
+
+def keys_at(model: type[BaseModel], path: Sequence[str | int]) -> list[str]:
+    """The keys the table at `path` in a file read as `model` may have: through its models'
+    fields, a list's entries and a dict's values; none where the path leaves the models."""
+    current: Any = model
+    for part in path:
+        current = _unwrapped(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return []
+            current = field.annotation
+        elif get_origin(current) in (list, dict):
+            current = get_args(current)[-1]  # `part` is an index or a key
+        else:
+            return []
+    current = _unwrapped(current)
+    is_model = isinstance(current, type) and issubclass(current, BaseModel)
+    return list(current.model_fields) if is_model else []
+
+
+def format_validation_error(
+    prefix: str, err: ValidationError, model: type[BaseModel] | None = None
+) -> str:
+    """The first error of `err` as `prefix.field[0].key: message`, the one line a user needs;
+    an unknown key of `model` comes with the closest known one, if any is close, and before
+    any other error (a misspelt key is also a missing one: the unknown key says which).
 
     List positions are written `[i]`, as everywhere else a config error names a list entry.
     """
-    first = err.errors()[0]
+    errors = err.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = error_path(prefix, *first["loc"])
     message = first["msg"]
     if first["type"] == "extra_forbidden":
-        message = "unknown key"
+        *table, key = first["loc"]
+        known = keys_at(model, table) if model is not None else []
+        message = "unknown key" + did_you_mean(str(key), known)
     elif message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     return f"{loc}: {message}"

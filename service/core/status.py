@@ -8,7 +8,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
-    """Where a message is (SPEC §5)."""
+    """Where a message is (docs/handlers.md#what-happens-to-a-message)."""
 
     PENDING = "pending"
     PROCESSING = "processing"
@@ -30,9 +30,9 @@ def sql_list(statuses: tuple[Status, ...] | list[Status]) -> str:
 
 
 def summary_status(statuses: Iterable[str]) -> Status:
-    """A message's status from its named destinations' (SPEC §5, docs/routing.md): `retrying`
-    while any is unfinished, else `dead` if any is dead, else `discarded` if any was set
-    aside, else `processed` (each processed, or none matched)."""
+    """A message's status from its named destinations' (docs/routing.md#a-messages-status):
+    `retrying` while any is unfinished, else `dead` if any is dead, else `discarded` if any was
+    set aside, else `processed` (each processed, or none matched)."""
     seen = set(statuses)
     if seen & {Status.PENDING.value, Status.RETRYING.value, Status.PROCESSING.value}:
         return Status.RETRYING

@@ -64,8 +64,8 @@ class HandlerSession(AsyncSession):
         self.staged_rows = StagedRows(bind.dialect)
 
     async def execute(self, *args: Any, **kwargs: Any) -> Any:
-        # SQLModel marks `execute` deprecated in favour of `exec`; SPEC §5 offers both, and a
-        # handler's `execute(text(...))` should not warn on every message.
+        # SQLModel marks `execute` deprecated in favour of `exec`; docs/handlers.md#the-handler-api
+        # offers both, and a handler's `execute(text(...))` should not warn on every message.
         return await SQLAlchemyAsyncSession.execute(self, *args, **kwargs)
 
     async def commit(self) -> None:

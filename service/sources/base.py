@@ -8,6 +8,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from http import HTTPStatus
 from typing import Any, ClassVar, Generic, Literal, TypeVar, get_args, get_origin
 
@@ -237,9 +238,15 @@ class Source(ABC, Generic[ConfigT]):
         self.name = name
         self.config = config
         self._stored_names: dict[bytes, tuple[str, bool]] = {}
-        self._token = None if config.token is None else config.token.get_secret_value()
         self.tolerance_seconds = config.tolerance_seconds
         self._ordering_key = config.ordering_key
+
+    # A source's secrets are read where it is verified or signed for, once, not when it is
+    # built: a command about another source (or none) must not need them (`UnsetSecret`).
+    @cached_property
+    def _token(self) -> str | None:
+        token = self.config.token
+        return None if token is None else token.get_secret_value()
 
     async def authenticate(self, delivery: RawDelivery) -> Verdict:
         """Check the shared `token` every kind may require, then the kind's own scheme."""
@@ -256,7 +263,7 @@ class Source(ABC, Generic[ConfigT]):
         """Authenticate `delivery` over its raw bytes, then name its messages; raise `Rejected`."""
 
     def respond(self, results: Sequence[Recorded], batch: bool) -> tuple[int, Any]:
-        """The status and JSON body answering a recorded delivery (SPEC §4)."""
+        """The status and JSON body answering a recorded delivery (docs/ingest.md#responses)."""
         if batch:
             return 200, {
                 "results": [{"message_id": r.message_id, "status": r.outcome} for r in results]
@@ -271,7 +278,8 @@ class Source(ABC, Generic[ConfigT]):
         return None
 
     def answer_rejection(self, rejected: Rejected) -> Handshake | None:
-        """A sender-specific answer to a refused delivery, or None for the SPEC §4 problem."""
+        """A sender-specific answer to a refused delivery, or None for the problem document of
+        docs/ingest.md#responses."""
         return None
 
     def stored_headers(self, raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -300,6 +308,11 @@ class Source(ABC, Generic[ConfigT]):
         if len(self._stored_names) < MAX_REMEMBERED_HEADERS:
             self._stored_names[raw_name] = known
         return known
+
+    def start_warning(self) -> str | None:
+        """What an operator should hear when this source starts (logged, and in `/readyz`):
+        a configuration that starts but is likely not what was meant."""
+        return None
 
     def is_sensitive_header(self, name: str) -> bool:
         lower = name.lower()

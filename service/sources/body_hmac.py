@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -109,9 +110,9 @@ class BodyHmacSource(Source[BodyHmacConfigT]):
     """A kind whose config may add an `[hmac]` check: `verify` runs `_body_hmac` where there
     is one, and its header's value is never stored."""
 
-    def __init__(self, name: str, config: BodyHmacConfigT) -> None:
-        super().__init__(name, config)
-        self._body_hmac = body_hmac(config)
+    @cached_property
+    def _body_hmac(self) -> BodyHmac | None:
+        return body_hmac(self.config)
 
     def is_sensitive_header(self, name: str) -> bool:
         return super().is_sensitive_header(name) or self.config.is_hmac_header(name)

@@ -9,9 +9,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+)
 
-from service.core.settings import ConfigError
+from service.core.settings import ConfigError, did_you_mean
 from service.sources.filters import PayloadFilter
 from service.sources.jsonpointer import validate_pointer
 
@@ -20,6 +28,14 @@ from service.sources.jsonpointer import validate_pointer
 _PLACEHOLDERS = frozenset(
     {"changeme", "change-me", "change_me", "secret", "password", "xxx", "todo", "replace-me"}
 )
+
+
+class UnsetVariable(ValueError):
+    """`env:NAME` names a variable that is not set."""
+
+    def __init__(self, variable: str) -> None:
+        super().__init__(f"environment variable {variable} is not set")
+        self.variable = variable
 
 
 def resolve_secret(value: Any) -> Any:
@@ -33,7 +49,7 @@ def resolve_secret(value: Any) -> Any:
         if not name:
             raise ValueError("'env:' needs a variable name, as in env:STRIPE_WEBHOOK_SECRET")
         if name not in os.environ:
-            raise ValueError(f"environment variable {name} is not set")
+            raise UnsetVariable(name)
         value = os.environ[name]
         if not value.strip():
             raise ValueError(f"environment variable {name} is empty")
@@ -44,7 +60,41 @@ def resolve_secret(value: Any) -> Any:
     return value
 
 
-Secret = Annotated[SecretStr, BeforeValidator(resolve_secret)]
+# The validation context of a sources file read for a command that verifies and signs for no
+# source (pause, messages, prune...): an `env:` secret whose variable is unset is kept as an
+# `UnsetSecret` instead of refused, so that such a command needs no source's secret.
+LAZY_SECRETS = {"secrets": "lazy"}
+
+
+class UnsetSecret(SecretStr):
+    """An `env:NAME` secret whose variable was not set when the file was read with
+    LAZY_SECRETS. Reading it fails as `serve` does at start (`InboxConfig.require_secrets`
+    says where, before anything reads it)."""
+
+    def __init__(self, variable: str) -> None:
+        super().__init__("")
+        self.variable = variable
+
+    def get_secret_value(self) -> str:
+        raise ConfigError(f"environment variable {self.variable} is not set")
+
+
+def configured_secret(value: Any, info: ValidationInfo) -> Any:
+    """`resolve_secret`, keeping an unset variable as an `UnsetSecret` under LAZY_SECRETS."""
+    try:
+        return resolve_secret(value)
+    except UnsetVariable as exc:
+        if info.context != LAZY_SECRETS:
+            raise
+        return UnsetSecret(exc.variable)
+
+
+def is_set(secret: SecretStr | None) -> bool:
+    """Whether a validator can read `secret`'s value (it is given and not an `UnsetSecret`)."""
+    return secret is not None and not isinstance(secret, UnsetSecret)
+
+
+Secret = Annotated[SecretStr, BeforeValidator(configured_secret)]
 
 _TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
@@ -54,7 +104,7 @@ def check_target(value: str) -> str:
     if _TARGET.fullmatch(value):
         return value
     module, dot, function = value.rpartition(".")
-    hint = f" (did you mean {module}:{function}?)" if dot and ":" not in value else ""
+    hint = did_you_mean(value, [f"{module}:{function}"]) if dot and ":" not in value else ""
     raise ValueError(
         f"write a handler as module:function, as in myapp.billing:on_payment, not {value!r}{hint}"
     )
@@ -201,6 +251,20 @@ class SourceConfig(BaseModel):
         return [s.get_secret_value().encode() for s in self.secrets]
 
 
+def unset_secrets(model: BaseModel) -> list[str]:
+    """Each secret of `model` read lazily whose variable is unset, as `secrets[0]: environment
+    variable X is not set` (secrets are top-level keys of a source and of `[alerts]`)."""
+    found = []
+    for key in type(model).model_fields:
+        value = getattr(model, key)
+        entries = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, entry in entries:
+            if isinstance(entry, UnsetSecret):
+                where = key if i is None else f"{key}[{i}]"
+                found.append(f"{where}: environment variable {entry.variable} is not set")
+    return found
+
+
 class RetentionConfig(BaseModel):
     """`[retention]`: how long processed, discarded and dead rows are kept."""
 
@@ -214,6 +278,8 @@ def check_webhook_url(value: SecretStr) -> SecretStr:
     """An `http://` or `https://` URL with a host, to any address (loopback and private ones
     too: the operator names it, as a forward's URL). Refused at start-up otherwise, in words
     that never repeat the URL, which is a credential."""
+    if not is_set(value):
+        return value
     url = value.get_secret_value()
     if not url.lower().startswith(("https://", "http://")):
         raise ValueError("an alert webhook is an http:// or https:// URL")

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from service.core.settings import ConfigError, format_validation_error
+from service.core.settings import ConfigError, did_you_mean, format_validation_error
 from service.sources import KINDS
 from service.sources.base import AnySource
-from service.sources.config import AlertsConfig, RetentionConfig, read_toml
+from service.sources.config import (
+    LAZY_SECRETS,
+    AlertsConfig,
+    RetentionConfig,
+    read_toml,
+    unset_secrets,
+)
 
 _SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+TOP_LEVEL_KEYS = ("sources", "retention", "alerts")
 
 
 @dataclass(frozen=True)
@@ -25,8 +32,27 @@ class InboxConfig:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
+    def warnings(self) -> dict[str, str]:
+        """Each source's `start_warning` (a `generic` one that checks nothing), by name."""
+        return {
+            name: warning
+            for name, source in self.sources.items()
+            if (warning := source.start_warning()) is not None
+        }
 
-def build_source(name: str, table: Any) -> AnySource:
+    def require_secrets(self, sources: Iterable[str] | None = None) -> None:
+        """Refuse a source of `sources` (by default every one, and `[alerts]`) with a secret
+        whose `env:` variable is unset: where a source is verified or signed for. A file read
+        with `lazy_secrets` has such secrets; one read without has refused them already."""
+        names = self.sources if sources is None else sources
+        for name in names:
+            for unset in unset_secrets(self.sources[name].config):
+                raise ConfigError(f"sources.{name}.{unset}")
+        for unset in unset_secrets(self.alerts) if sources is None else []:
+            raise ConfigError(f"alerts.{unset}")
+
+
+def build_source(name: str, table: Any, *, lazy_secrets: bool = False) -> AnySource:
     """Validate one `[sources.NAME]` table with its kind's own model and build the source."""
     where = f"sources.{name}"
     if not name or not set(name) <= _SOURCE_NAME_CHARS:
@@ -40,9 +66,9 @@ def build_source(name: str, table: Any) -> AnySource:
     if cls is None:
         raise ConfigError(f"{where}.kind: unknown kind {kind!r}; one of {', '.join(sorted(KINDS))}")
     try:
-        config = cls.config_model.model_validate(table)
+        config = cls.config_model.model_validate(table, context=lazy(lazy_secrets))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(where, exc)) from None
+        raise ConfigError(format_validation_error(where, exc, cls.config_model)) from None
     return cls(name, config)
 
 
@@ -75,35 +101,49 @@ def check_retention_floors(sources: Mapping[str, AnySource], retention: Retentio
                 )
 
 
-def parse_inbox_config(raw: Mapping[str, Any]) -> InboxConfig:
-    """Build the configuration from a parsed TOML document."""
-    unknown = set(raw) - {"sources", "retention", "alerts"}
+def lazy(lazy_secrets: bool) -> dict[str, str] | None:
+    return LAZY_SECRETS if lazy_secrets else None
+
+
+def parse_inbox_config(raw: Mapping[str, Any], *, lazy_secrets: bool = False) -> InboxConfig:
+    """Build the configuration from a parsed TOML document.
+
+    With `lazy_secrets`, an `env:` secret whose variable is unset is not refused here but by
+    `InboxConfig.require_secrets`, for a command that verifies or signs for few sources or
+    none (docs/configuration.md#secrets).
+    """
+    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
     if unknown:
-        raise ConfigError(f"{sorted(unknown)[0]}: unknown key")
+        raise ConfigError(f"{unknown[0]}: unknown key{did_you_mean(unknown[0], TOP_LEVEL_KEYS)}")
     sources_table = raw.get("sources", {})
     if not isinstance(sources_table, dict):
         raise ConfigError("sources: must be a table of [sources.NAME] tables")
-    sources = {name: build_source(name, table) for name, table in sources_table.items()}
+    sources = {
+        name: build_source(name, table, lazy_secrets=lazy_secrets)
+        for name, table in sources_table.items()
+    }
     try:
         retention = RetentionConfig.model_validate(raw.get("retention", {}))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error("retention", exc)) from None
+        raise ConfigError(format_validation_error("retention", exc, RetentionConfig)) from None
     check_retention_floors(sources, retention)
     try:
-        alerts = AlertsConfig.model_validate(raw.get("alerts", {}))
+        alerts = AlertsConfig.model_validate(raw.get("alerts", {}), context=lazy(lazy_secrets))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error("alerts", exc)) from None
+        raise ConfigError(format_validation_error("alerts", exc, AlertsConfig)) from None
     return InboxConfig(sources=sources, retention=retention, alerts=alerts)
 
 
-def load_inbox_config(path: Path, *, required: bool = False) -> InboxConfig:
+def load_inbox_config(
+    path: Path, *, required: bool = False, lazy_secrets: bool = False
+) -> InboxConfig:
     """Read and build the sources file at `path`; each error names the file, source and field.
 
     A missing file is no sources unless `required` (INBOX_CONFIG named it): a mistyped path
     must not start a service that answers every delivery 404.
     """
     try:
-        return parse_inbox_config(read_toml(path, required=required))
+        return parse_inbox_config(read_toml(path, required=required), lazy_secrets=lazy_secrets)
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(

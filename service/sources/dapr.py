@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any, Literal
 
 from service.sources.base import (
@@ -43,10 +44,10 @@ class DaprSource(Source[DaprConfig]):
     # covers Kafka's default retention and Pub/Sub's and Service Bus's usual settings.
     redelivery_days = 7.0
 
-    def __init__(self, name: str, config: DaprConfig) -> None:
-        super().__init__(name, config)
-        token = config.app_api_token
-        self._app_api_token = None if token is None else token.get_secret_value()
+    @cached_property
+    def _app_api_token(self) -> str | None:
+        token = self.config.app_api_token
+        return None if token is None else token.get_secret_value()
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self._app_api_token is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import cached_property
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -59,7 +60,10 @@ class EventGridSource(Source[EventGridConfig]):
     def __init__(self, name: str, config: EventGridConfig) -> None:
         super().__init__(name, config)
         self._key_header = HeaderName(config.key_header) if config.key_header else None
-        self._keys = config.secret_values()
+
+    @cached_property
+    def _keys(self) -> list[bytes]:
+        return self.config.secret_values()
 
     def is_sensitive_header(self, name: str) -> bool:
         key_header = (self.config.key_header or "").lower()

@@ -6,6 +6,7 @@ import base64
 import binascii
 import hashlib
 import json
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
@@ -23,7 +24,7 @@ from service.sources.base import (
     require_json_media_type,
 )
 from service.sources.body_hmac import BodyHmacConfig, BodyHmacSource, body_signature
-from service.sources.config import Secret
+from service.sources.config import Secret, is_set
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
 from service.sources.limits import checked_event_type, checked_header_name, checked_message_id
 
@@ -49,7 +50,7 @@ class GenericConfig(BodyHmacConfig):
     @field_validator("basic_auth")
     @classmethod
     def _user_colon_password(cls, value: Any) -> Any:
-        if value is not None and ":" not in value.get_secret_value():
+        if is_set(value) and ":" not in value.get_secret_value():
             raise ValueError("basic_auth is 'user:password'")
         return value
 
@@ -69,8 +70,6 @@ class GenericSource(BodyHmacSource[GenericConfig]):
     def __init__(self, name: str, config: GenericConfig) -> None:
         super().__init__(name, config)
         # What `verify` reads of the config on every delivery, read once (see `Source`).
-        basic_auth = config.basic_auth
-        self._basic_auth = None if basic_auth is None else basic_auth.get_secret_value()
         self._needs_json = bool(config.id_json_pointer or config.event_type_json_pointer)
         # Header names as the raw header list holds them (lowercase bytes), for `first_header`.
         self._id_header = raw_header_name(config.id_header) if config.id_header else None
@@ -84,6 +83,17 @@ class GenericSource(BodyHmacSource[GenericConfig]):
             [f"the {config.id_header} header"] * bool(config.id_header)
             + [f"the JSON field {config.id_json_pointer}"] * (config.id_json_pointer is not None)
         )
+
+    def start_warning(self) -> str | None:
+        config = self.config
+        if config.hmac is None and config.basic_auth is None and config.token is None:
+            return "accepts unsigned deliveries: it has no [hmac], basic_auth or token"
+        return None
+
+    @cached_property
+    def _basic_auth(self) -> str | None:
+        basic_auth = self.config.basic_auth
+        return None if basic_auth is None else basic_auth.get_secret_value()
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self._basic_auth is not None:

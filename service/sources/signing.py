@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 from typing import Any
 
 from pydantic import model_validator
@@ -97,9 +98,9 @@ class SignedSourceConfig(SourceConfig):
 class SignedSource(Source[SignedSourceConfig]):
     """A kind whose sender signs with one of `secrets`: each keyed once, in `macs`."""
 
-    def __init__(self, name: str, config: SignedSourceConfig) -> None:
-        super().__init__(name, config)
-        self.macs = keyed_macs(config.secret_values())
+    @cached_property
+    def macs(self) -> list[KeyedHmac]:
+        return keyed_macs(self.config.secret_values())
 
 
 def check_timestamp(text: str, header: str, tolerance_seconds: int) -> None:

@@ -8,6 +8,7 @@ import binascii
 import hashlib
 import hmac
 import json
+from functools import cached_property
 from typing import Annotated
 
 from cryptography.exceptions import InvalidSignature
@@ -31,9 +32,9 @@ from service.sources.base import (
     parse_json,
     require_json_media_type,
 )
-from service.sources.config import SourceConfig, resolve_secret
+from service.sources.config import SourceConfig, is_set, resolve_secret
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import keyed_macs, require_mac_match
+from service.sources.signing import KeyedHmac, keyed_macs, require_mac_match
 
 SECRET_PREFIX = "whsec_"
 PUBLIC_KEY_PREFIX = "whpk_"
@@ -109,7 +110,7 @@ class StandardWebhooksConfig(SourceConfig):
     @field_validator("secrets")
     @classmethod
     def _secrets_decode(cls, value: list[SecretStr]) -> list[SecretStr]:
-        for secret in value:
+        for secret in filter(is_set, value):
             decode_secret(secret.get_secret_value())
         return value
 
@@ -158,11 +159,17 @@ class StandardWebhooksSource(Source[StandardWebhooksConfig]):
 
     def __init__(self, name: str, config: StandardWebhooksConfig) -> None:
         super().__init__(name, config)
-        self.keys = [decode_secret(s.get_secret_value()) for s in config.secrets]
-        self.macs = keyed_macs(self.keys)
         self.public_keys = [decode_public_key(k) for k in config.public_keys]
         # The signature versions this source can check: `v1` with secrets, `v1a` with keys.
-        self.versions = ("v1",) * bool(self.keys) + ("v1a",) * bool(self.public_keys)
+        self.versions = ("v1",) * bool(config.secrets) + ("v1a",) * bool(self.public_keys)
+
+    @cached_property
+    def keys(self) -> list[bytes]:
+        return [decode_secret(s.get_secret_value()) for s in self.config.secrets]
+
+    @cached_property
+    def macs(self) -> list[KeyedHmac]:
+        return keyed_macs(self.keys)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         msg_id, timestamp_text, signature_header = _signing_headers(delivery)

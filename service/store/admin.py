@@ -11,7 +11,7 @@ from sqlalchemy import Row, TextClause, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.core.schema import Status
+from service.core.schema import DUE, Status, sql_list
 from service.store.claims import CLAIMED_IDS, SHOWN_ATTEMPTS, SHOWN_STATUS
 from service.store.errors import is_lock_timeout, translate_errors
 from service.store.notifications import NOTIFY
@@ -42,11 +42,17 @@ BULK_BATCH_SIZE = 500
 # The stored statuses of a message whose handlers' batch is in flight (see SHOWN_STATUS).
 IN_FLIGHT_STORED = frozenset({Status.PENDING, Status.RETRYING})
 
-# `attempts` here: those of the current budget (since accepted or last retried by an admin).
+# `attempts` here: those of the current budget (since accepted or last retried by an admin);
+# `attempt_count_total` every one, as the history numbers them (`budget_start`: those before).
+# `next_attempt_at` only while the worker is still to try it: the column keeps its last value
+# once a message is processed, dead or discarded, and the admin API, the command line and the
+# console all read it from here.
 SUMMARY_COLUMNS = f"""
     id, source, message_id, event_type, {SHOWN_STATUS} AS status,
-    {SHOWN_ATTEMPTS} - budget_start AS attempts, receive_count, received_at, last_received_at,
-    next_attempt_at, processed_at, last_error
+    {SHOWN_ATTEMPTS} - budget_start AS attempts, {SHOWN_ATTEMPTS} AS attempt_count_total,
+    receive_count, received_at, last_received_at,
+    CASE WHEN ({SHOWN_STATUS}) IN ({sql_list(DUE)}) THEN next_attempt_at END AS next_attempt_at,
+    processed_at, last_error
 """
 
 

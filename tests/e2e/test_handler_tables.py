@@ -1,6 +1,7 @@
 """The handler examples run as written: docs/handlers.md's ledger (its own table made by its own
 Alembic migrations through `webhook-inbox db-url`, a `send`, the handler's row) and, beside it,
-the README's `orders_seen` handler on the example's `demo` source."""
+the README's `orders_seen` handler on the example's `demo` source, its table made by the
+README's statement; and docs/cli.md's way to run SQL without psql."""
 
 from __future__ import annotations
 
@@ -33,29 +34,18 @@ def example_blocks() -> list[tuple[str, str]]:
     ]
 
 
-def readme_blocks() -> tuple[str, str]:
-    """The README's handler module and the line it adds to the `demo` source."""
-    page = (ROOT / "README.md").read_text()
-    section = page.split("## A handler\n", 1)[1].split("\n## ", 1)[0]
-    (handler, line) = re.findall(r"^```\w+\n(.*?)^```$", section, re.M | re.S)
-    return handler, line
+def fenced(page: str, heading: str) -> list[str]:
+    """The fenced blocks of `page`'s section under `## heading`, in order."""
+    text = (ROOT / page).read_text()
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```\w+\n(.*?)^```$", section, re.M | re.S)
 
 
-# The README leaves `orders_seen` to "your own migration": this is one, after the docs' first.
-ORDERS_SEEN_MIGRATION = """
-from alembic import op
-
-revision = "myapp_0002"
-down_revision = "myapp_0001"
-
-
-def upgrade() -> None:
-    op.execute("CREATE TABLE orders_seen (order_id text PRIMARY KEY, kind text)")
-
-
-def downgrade() -> None:
-    op.execute("DROP TABLE orders_seen")
-"""
+def readme_blocks() -> tuple[str, str, str]:
+    """The README's handler module, the line it adds to the `demo` source, and the statement
+    that creates its table."""
+    (handler, line, create) = fenced("README.md", "A handler")
+    return handler, line, create
 
 
 def shell(script: str, cwd: Path, env: dict[str, str]) -> str:
@@ -88,7 +78,7 @@ def test_the_handler_examples_run_as_documented(embedded_home: Path) -> None:
     handler_path = tmp_path / handler[1].splitlines()[0].removeprefix("# ")
     handler_path.parent.mkdir()
     handler_path.write_text(handler[1])
-    readme_handler, readme_line = readme_blocks()
+    readme_handler, readme_line, readme_table = readme_blocks()
     # "# myapp/orders.py, importable from the directory you start webhook-inbox in"
     (tmp_path / readme_handler.splitlines()[0].removeprefix("# ").split(",")[0]).write_text(
         readme_handler
@@ -132,16 +122,20 @@ def test_the_handler_examples_run_as_documented(embedded_home: Path) -> None:
         env_py.write_text(text)
         path = tmp_path / migration[1].splitlines()[0].removeprefix("# ")
         path.write_text(migration[1])
-        (path.parent / "0002_orders_seen.py").write_text(ORDERS_SEEN_MIGRATION)
 
         shell(upgrade[1], tmp_path, env)
+        shell(readme_table, tmp_path, env)
         sent = shell(try_it[1], tmp_path, env)
         assert '"status":"accepted"' in sent
         url = shell(".venv/bin/webhook-inbox db-url", tmp_path, env).strip()
         rows = asyncio.run(rows_when_written(url, LEDGER))
         assert rows == [("ch_1", 1250, "eur")]
-        # The embedded server's URL (its Unix socket) pasted into psql, as docs/cli.md says.
+        # The embedded server's URL (its Unix socket) pasted into psql, as docs/cli.md says,
+        # and into its statement for a machine without psql.
         assert psql(url, "SELECT charge_id FROM ledger_entries") == "ch_1"
+        (without_psql,) = fenced("docs/cli.md", "db-url")
+        rows = shell(without_psql, tmp_path, env).splitlines()
+        assert "<Record source='payments' status='processed' count=1>" in rows, rows
 
         demo = shell(".venv/bin/webhook-inbox send demo --id ord_1", tmp_path, env)
         assert '"status":"accepted"' in demo
@@ -160,7 +154,7 @@ def test_the_handler_examples_run_as_documented(embedded_home: Path) -> None:
         assert pruned.startswith("pruned 0 rows")
         versions = asyncio.run(versions_of(url))
         assert versions == {
-            "myapp_alembic_version": "myapp_0002",
+            "myapp_alembic_version": "myapp_0001",
             "alembic_version": head_revision(),  # the inbox's own, untouched
         }
     assert (

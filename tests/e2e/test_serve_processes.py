@@ -86,7 +86,15 @@ async def test_two_server_processes_share_one_database_exactly_once(
         await assert_effects_once(db, ids)
         children = child_pids(server)
         scraped = httpx.get(f"{server.url}/metrics").text
+        ready = httpx.get(f"{server.url}/readyz").json()
     assert_recorded_once(answers)
+    # Source `s` checks nothing (no [hmac], basic_auth or token): it starts, and says so once.
+    unsigned = "accepts unsigned deliveries: it has no [hmac], basic_auth or token"
+    assert ready["warnings"] == [f"source s {unsigned}"]
+    warned = [e for e in server.log_events() if e.get("event") == unsigned]
+    assert [(e["level"], e["role"], e["source"]) for e in warned] == [
+        ("warning", "supervisor", "s")
+    ]
     # Both processes answered deliveries (their pids are children of `serve`, not `serve`).
     served = serving_pids(server)
     assert len(served) == 2, served

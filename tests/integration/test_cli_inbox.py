@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_attempt, status_of
-from tests.cli_runner import cli, run_cli
+from tests.cli_runner import cli, refused_at_start, run_cli
 from tests.conftest import AppFactory
+from tests.console_helpers import sign_in
 from tests.pg import create_database, drop_database, with_database
 
 
@@ -61,6 +63,65 @@ def without_ages(stats: dict[str, Any]) -> dict[str, Any]:
             "pending" not in source["counts"]
         )
     return stats
+
+
+async def test_only_a_message_still_to_be_tried_has_a_next_attempt(
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    statuses = ["pending", "retrying", "processed", "dead", "discarded"]
+    ids = {status: await seed(db, f"m-{status}", status=status) for status in statuses}
+    async with admin_client(client_for) as client:
+        listed = (await client.get("/admin/messages", headers=AUTH)).json()["items"]
+        details = {
+            status: (await client.get(f"/admin/messages/{id_}", headers=AUTH)).json()
+            for status, id_ in ids.items()
+        }
+    due = {m["status"] for m in listed if m["next_attempt_at"] is not None}
+    assert due == {"pending", "retrying"}
+    assert {s for s, d in details.items() if d["next_attempt_at"] is not None} == due
+    for status in ("dead", "processed"):
+        shown = await cli(monkeypatch, database_url, "messages", "show", str(ids[status]))
+        assert "next attempt: -\n" in shown.out, shown.out
+    retrying = await cli(monkeypatch, database_url, "messages", "show", str(ids["retrying"]))
+    assert "next attempt: -\n" not in retrying.out
+
+
+async def test_after_an_operator_retry_both_attempt_counts_are_shown_and_named(
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dead = await seed(db, "m-dead", status="dead", attempts=5, last_error="handler failed")
+    fresh = await seed(db, "m-fresh", status="retrying", attempts=2)
+    async with admin_client(client_for) as client:
+        retried = (await client.post(f"/admin/messages/{dead}/retry", headers=AUTH)).json()
+        # One more attempt, after the retry: the history's #6, the new budget's first.
+        await db.execute("UPDATE inbox_messages SET attempts = 6 WHERE id = $1", dead)
+        listed = (await client.get("/admin/messages", headers=AUTH)).json()["items"]
+        shown = (await client.get(f"/admin/messages/{dead}", headers=AUTH)).json()
+        await sign_in(client)
+        page = (await client.get(f"/console/messages/{dead}")).text
+        console_list = (await client.get("/console/messages")).text
+    counts = ("attempt_count", "attempt_count_total")
+    assert [retried[k] for k in counts] == [0, 5]
+    assert {m["message_id"]: [m[k] for k in counts] for m in listed} == {
+        "m-dead": [1, 6],
+        "m-fresh": [2, 2],
+    }
+    assert [shown[k] for k in counts] == [1, 6]
+    table = await cli(monkeypatch, database_url, "messages", "list")
+    detail = await cli(monkeypatch, database_url, "messages", "show", str(dead))
+    untouched = await cli(monkeypatch, database_url, "messages", "show", str(fresh))
+    both = "1 since retry, 6 in all"
+    assert both in table.out
+    assert f"attempts:     {both}\n" in detail.out
+    assert "attempts:     2\n" in untouched.out
+    assert both in page
+    assert both in console_list
 
 
 async def test_filters_and_paging(
@@ -228,3 +289,39 @@ async def test_bulk_retry_counts_first_then_retries_what_the_filters_match(
     )
     assert replayed.json() == {"matched": 1, "retried": 1}
     assert await status_of(db, done) == "pending"
+
+
+# Two sources with `env:` secrets; only the one the test sets is resolvable.
+TWO_SECRETS = """
+sources.orders = { kind = "github", secrets = ["env:ORDERS_SECRET"] }
+sources.shop = { kind = "shopify", secrets = ["env:SHOP_SECRET"] }
+"""
+
+
+async def test_a_command_needs_only_the_secrets_of_the_source_it_verifies_or_signs_for(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    toml = tmp_path / "inbox.toml"
+    toml.write_text(TWO_SECRETS)
+    monkeypatch.setenv("INBOX_CONFIG", str(toml))
+    monkeypatch.setenv("ORDERS_SECRET", "orders-signing-secret")
+    monkeypatch.delenv("SHOP_SECRET", raising=False)
+    unset = "sources.shop.secrets[0]: environment variable SHOP_SECRET is not set"
+
+    paused = await cli(monkeypatch, database_url, "pause", "orders", "--reason", "x")
+    assert paused.status == 0, paused.err
+    assert (await cli(monkeypatch, database_url, "resume", "shop")).status == 0
+    assert (await cli(monkeypatch, database_url, "messages", "list")).status == 0
+    assert (await cli(monkeypatch, database_url, "destinations")).status == 0
+    assert (await cli(monkeypatch, database_url, "prune")).status == 0
+    # `send orders` signs and posts (to nothing listening): past the config, with no word of shop.
+    sent = await cli(monkeypatch, database_url, "send", "orders", "--url", "http://127.0.0.1:1")
+    assert sent.status == 3, sent.err
+    assert "no answer from http://127.0.0.1:1/webhooks/orders" in sent.err
+    # The source signed for needs its secret, and serving needs every source's, before it starts.
+    refused = await cli(monkeypatch, database_url, "send", "shop")
+    assert refused.status == 2
+    assert refused.err.strip().endswith(f"config error: {toml}: {unset}"), refused.err
+    for command in ("serve", "worker"):
+        stopped = refused_at_start(monkeypatch, toml, TWO_SECRETS, command)
+        assert stopped == f"config error: {toml}: {unset}"

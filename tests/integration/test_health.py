@@ -15,6 +15,25 @@ async def test_healthz_and_readyz(client_for: AppFactory) -> None:
         ready = await client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["status"] == "ready"
+    assert ready.json()["warnings"] == []
+
+
+async def test_readyz_names_a_generic_source_that_accepts_unsigned_deliveries(
+    client_for: AppFactory,
+) -> None:
+    generic = {"kind": "generic", "id_header": "x-id"}
+    sources = {
+        "open": generic,
+        "signed": {**generic, "secrets": ["s3cr3t-value"], "hmac": {"header": "x-sig"}},
+        "tokened": {**generic, "token": "t0ken-value"},
+        "basic": {**generic, "basic_auth": "user:pa55word"},
+    }
+    async with client_for({"sources": sources}) as client:
+        ready = await client.get("/readyz")
+    assert ready.status_code == 200  # it starts, as it always has
+    assert ready.json()["warnings"] == [
+        "source open accepts unsigned deliveries: it has no [hmac], basic_auth or token"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Ingest on a real database: accepted, duplicate, concurrency, every SPEC §4 error row."""
+"""Ingest on a real database: accepted, duplicate, concurrency, each of docs/ingest.md#responses."""
 
 from __future__ import annotations
 

@@ -29,19 +29,73 @@ def test_missing_kind() -> None:
     assert error_for({"sources": {"pay": {}}}).startswith("sources.pay.kind: missing")
 
 
-def test_unknown_key_names_it() -> None:
+def test_unknown_key_names_it_and_the_known_key_it_is_closest_to() -> None:
     message = error_for({"sources": {"s": {"kind": "generic", "id_header": "x", "idheader": "y"}}})
-    assert message == "sources.s.idheader: unknown key"
+    assert message == "sources.s.idheader: unknown key (did you mean id_header?)"
+    demo = {"kind": "generic", "id_json_pointr": "/id"}
+    assert error_for({"sources": {"demo": demo}}) == (
+        "sources.demo.id_json_pointr: unknown key (did you mean id_json_pointer?)"
+    )
+    # In a nested table too, and before the "required" error the misspelling also causes.
+    forward = {"kind": "generic", "id_header": "x", "forward": {"urll": "http://127.0.0.1/"}}
+    assert error_for({"sources": {"f": forward}}) == (
+        "sources.f.forward.urll: unknown key (did you mean url?)"
+    )
+    routed = {"kind": "generic", "id_header": "x", "destinations": {"b": {"handlerz": []}}}
+    assert error_for({"sources": {"r": routed}}).startswith(
+        "sources.r.destinations.b.handlerz: unknown key (did you mean handler"
+    )
+    assert error_for({"retention": {"procesed_days": 30}}) == (
+        "retention.procesed_days: unknown key (did you mean processed_days?)"
+    )
+    nothing_close = {"kind": "generic", "id_header": "x", "zzzz": 1}
+    assert error_for({"sources": {"s": nothing_close}}) == "sources.s.zzzz: unknown key"
 
 
 def test_unknown_top_level_key() -> None:
-    assert error_for({"source": {}}) == "source: unknown key"
+    assert error_for({"source": {}}) == "source: unknown key (did you mean sources?)"
 
 
 def test_missing_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOPE_SECRET", raising=False)
     config = {"sources": {"sw": {"kind": "standard-webhooks", "secrets": ["env:NOPE_SECRET"]}}}
     assert error_for(config) == "sources.sw.secrets[0]: environment variable NOPE_SECRET is not set"
+
+
+def test_a_file_read_lazily_leaves_each_unset_secret_to_where_it_is_needed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("SW_SECRET", "TOKEN", "BASIC", "DAPR_TOKEN", "ALERT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    config = {
+        "sources": {
+            "sw": {"kind": "standard-webhooks", "secrets": ["env:SW_SECRET"]},
+            "g": {"kind": "generic", "id_header": "x-id", "token": "env:TOKEN"},
+            "b": {"kind": "generic", "id_header": "x-id", "basic_auth": "env:BASIC"},
+            "d": {"kind": "dapr", "app_api_token": "env:DAPR_TOKEN"},
+            "plain": {"kind": "generic", "id_header": "x-id"},
+        },
+        "alerts": {"webhooks": ["env:ALERT_URL"]},
+    }
+    inbox = parse_inbox_config(config, lazy_secrets=True)
+    inbox.require_secrets(["plain"])
+    refusals = {}
+    for name in ("sw", "g", "b", "d", None):
+        with pytest.raises(ConfigError) as refused:
+            inbox.require_secrets(None if name is None else [name])
+        refusals[name] = str(refused.value)
+    assert refusals == {
+        "sw": "sources.sw.secrets[0]: environment variable SW_SECRET is not set",
+        "g": "sources.g.token: environment variable TOKEN is not set",
+        "b": "sources.b.basic_auth: environment variable BASIC is not set",
+        "d": "sources.d.app_api_token: environment variable DAPR_TOKEN is not set",
+        None: "sources.sw.secrets[0]: environment variable SW_SECRET is not set",
+    }
+    del config["sources"]
+    with pytest.raises(ConfigError, match=r"alerts\.webhooks\[0\]: environment variable ALERT_URL"):
+        parse_inbox_config(config, lazy_secrets=True).require_secrets()
+    # Read as `serve` reads it, the first unset secret stops it.
+    assert error_for(config) == "alerts.webhooks[0]: environment variable ALERT_URL is not set"
 
 
 def test_empty_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -66,6 +66,7 @@ def detail(**fields: Any) -> MessageDetail:
         "event_type": None,
         "status": "dead",
         "attempt_count": 1,
+        "attempt_count_total": 1,
         "receive_count": 1,
         "received_at": now,
         "last_received_at": now,

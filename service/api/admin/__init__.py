@@ -1,4 +1,4 @@
-"""The admin REST API (SPEC §6): inbox state, history, retries, statistics and retention."""
+"""The admin REST API (docs/operating.md#admin-api): inbox state, history, retries, stats."""
 
 from __future__ import annotations
 

@@ -128,19 +128,33 @@ class MessageSummary(BaseModel):
         description="Where the message is in processing (`processing`: an attempt is in flight)."
     )
     attempt_count: int = Field(
-        description="Processing attempts used of its current budget: since the message was "
-        "accepted or last retried (the history's attempt numbers go on across retries)."
+        description="Processing attempts since the message was accepted or last retried by an "
+        "operator: those used of its current budget of `max_attempts`."
+    )
+    attempt_count_total: int = Field(
+        description="Processing attempts in all, across operators' retries: the number of its "
+        "latest attempt in the history."
     )
     receive_count: int = Field(description="Deliveries received: 1, plus one per duplicate.")
     received_at: datetime = Field(description="When the first delivery was recorded.")
     last_received_at: datetime = Field(description="When the latest delivery arrived.")
-    next_attempt_at: datetime = Field(description="When the worker may next try it.")
+    next_attempt_at: datetime | None = Field(
+        description="When the worker may next try it; null once no attempt is to come "
+        "(`processing`, `processed`, `dead`, `discarded`)."
+    )
     processed_at: datetime | None = Field(description="When its handlers committed, if they did.")
     last_error: str | None = Field(description="The error of the latest failed attempt, if any.")
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> MessageSummary:
         return cls.model_validate({**row, "attempt_count": row["attempts"]})
+
+    def attempts_text(self) -> str:
+        """Both counts as the command line and the console show them: `6`, or once an operator
+        has retried the message, `1 since retry, 6 in all`."""
+        if self.attempt_count == self.attempt_count_total:
+            return str(self.attempt_count_total)
+        return f"{self.attempt_count} since retry, {self.attempt_count_total} in all"
 
 
 class MessagePage(BaseModel):

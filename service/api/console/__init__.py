@@ -1,4 +1,4 @@
-"""The web console (SPEC §7): the admin API as pages for people, under /console/."""
+"""The web console (docs/console.md): the admin API as pages for people, under /console/."""
 
 from __future__ import annotations
 
