@@ -24,7 +24,7 @@ async def run_worker(
 ) -> None:
     """Run a worker on `url` until `stop` is set (raises `WorkerCrashed` if a part of it dies).
 
-    With `retention`, it also applies retention every hour (SPEC §6).
+    With `retention`, it also applies retention every hour (docs/operating.md#retention).
     """
     options = WorkerOptions.from_settings(settings)
     # Its own pool, so that HTTP ingest in the same process never waits behind batches. Two

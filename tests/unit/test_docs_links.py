@@ -114,9 +114,6 @@ CITATION = re.compile(r"\bdocs/([\w.-]+\.md)(?:#([\w-]+))?")
 # A section of a specification that was never in the repository (written so that this file
 # does not cite it itself).
 SPEC_SECTION = re.compile(r"\bSPEC \u00a7")
-# Changed elsewhere at the time of writing (issue 64 left service/worker/ alone): cited the
-# same way until that change lands, when this test asks for the entry to go.
-SPEC_NOT_YET = {"service/worker/runtime.py"}
 
 
 def test_code_cites_only_docs_pages_and_headings_that_exist() -> None:
@@ -125,10 +122,8 @@ def test_code_cites_only_docs_pages_and_headings_that_exist() -> None:
         name = str(path.relative_to(ROOT))
         text = path.read_text()
         cites_spec = bool(SPEC_SECTION.search(text))
-        if cites_spec and name not in SPEC_NOT_YET:
+        if cites_spec:
             broken.append(f"{name}: cites a SPEC section; name the docs page instead")
-        elif name in SPEC_NOT_YET and not cites_spec:
-            broken.append(f"{name}: cites no SPEC section now; drop it from SPEC_NOT_YET")
         for page, fragment in CITATION.findall(text):
             target = ROOT / "docs" / page
             if not target.exists():
