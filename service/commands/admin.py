@@ -51,7 +51,7 @@ from service.commands.views import (
 from service.core.schema import Status
 from service.core.settings import Settings
 from service.store import admin as store
-from service.store import destinations, pauses
+from service.store import destinations, flow
 from service.store.admin import MessageFilter, Position
 
 
@@ -332,7 +332,7 @@ async def pause_command(args: argparse.Namespace) -> Exit:
     settings = operator_settings()
     configured_source(settings, args.source)
     async with operator_engine(settings) as engine:
-        row = await pauses.pause_source(engine, args.source, request.operator, request.reason, who)
+        row = await flow.pause_source(engine, args.source, request.operator, request.reason, who)
     result = PauseResult(source=args.source, paused=SourcePause.model_validate(row), changed=True)
     if args.json:
         print_json(result)
@@ -345,7 +345,7 @@ async def resume_command(args: argparse.Namespace) -> Exit:
     settings = operator_settings()
     configured_source(settings, args.source)
     async with operator_engine(settings) as engine:
-        row = await pauses.resume_source(engine, args.source)
+        row = await flow.resume_source(engine, args.source)
     if args.json:
         print_json(PauseResult(source=args.source, paused=None, changed=row is not None))
     elif row is None:

@@ -1,6 +1,6 @@
 """Admission of named destinations' runs: each destination's rate limit and, for a forward, its
 circuit breaker, shared by every process on the database (the same tables as a source's own:
-`inbox_rate_limits`, `inbox_breakers`, under the key `source/destination`).
+`store.flow`, under the key `source/destination`).
 
 A batch asks before each gated destination runs for a message (`admit`): the answer is to run
 now, or to wait so many seconds. A run that waits is deferred (`fanout.run_destinations`): the
@@ -15,23 +15,22 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core import flow as rules
 from service.core.schema import Status
 from service.processing.pipeline import Destination, Pipeline
-from service.sources.config import ForwardConfig
-from service.store import breakers, rate_limits
-from service.store.claims import MessageRow
+from service.store import flow
+from service.store.claims import AttemptResult, MessageRow
+from service.store.flow import gate_key
 
 # Failures that say the endpoint is down, not that it refused the message: they count
 # towards opening its circuit.
 CIRCUIT_FAILURES = frozenset({"ForwardConnectionError", "ForwardTimeout"})
 RATE_LIMITED = "rate limited"
 CIRCUIT_OPEN = "circuit open"
-# While a probe of another claim is out, or other claims hold what a closed breaker allows.
-RECHECK_SECONDS = 1.0
 
 
 def breaks_circuit(status: Status, error_type: str | None, error: str | None) -> bool:
@@ -43,9 +42,24 @@ def breaks_circuit(status: Status, error_type: str | None, error: str | None) ->
     return error_type == "ForwardFailed" and (error or "").startswith("HTTP 5")
 
 
-def gate_key(source: str, destination: str) -> str:
-    """A destination's row in the shared tables: source names never hold a `/`."""
-    return f"{source}/{destination}"
+def probe_failed(
+    result: AttemptResult, wait_seconds: float, rows: Iterable[MessageRow]
+) -> AttemptResult:
+    """A source's forward that was its breaker's probe: if it failed as the breaker counts
+    failures, the failure is the breaker's, not the message's, so its attempt is given back
+    and it waits `wait_seconds` (the cool-down) as it was, instead of spending its attempts
+    on an outage (a named destination's probe is deferred the same way, `forwarded`)."""
+    if not breaks_circuit(result.status, result.error_type, result.error):
+        return result
+    row = next(r for r in rows if r.id == result.id)
+    return replace(
+        result,
+        status=row.status,
+        outcome="deferred",
+        delay_seconds=wait_seconds,
+        deferred=True,
+        unfinished=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -62,7 +76,7 @@ class BreakerChange:
 
     source: str
     destination: str
-    change: str
+    change: rules.Change
     error: str | None
     cooldown_seconds: float
 
@@ -80,26 +94,23 @@ class Settled:
 
 
 @dataclass
-class _Breaker:
-    """One destination's breaker as this batch holds it: what it may still forward, and the
-    outcomes not counted yet."""
+class _Gate:
+    """One destination's admission in this batch, and what its runs came to."""
 
-    state: str = "unasked"  # then breakers.Admission.state
-    allowed: int = 0
-    reserved: int = 0
-    wait_seconds: float = 0.0
+    admission: rules.Admission
+    left: int
+    used: int = 0
+    deferred: int = 0
     failed: int = 0
     succeeded: int = 0
     error: str | None = None
 
 
-@dataclass
-class _Bucket:
-    granted: int = 0
-    used: int = 0
-    asked: bool = False
-    wait_seconds: float = 0.0
-    deferred: int = 0
+def destination_limited(gate: _Gate) -> bool:
+    """Whether runs were deferred for want of tokens (not by the breaker)."""
+    return gate.admission.tokens < gate.admission.allowed + gate.deferred and (
+        gate.admission.breaker in (None, rules.BreakerState.CLOSED)
+    )
 
 
 @dataclass
@@ -108,14 +119,15 @@ class DestinationGates:
 
     engine: AsyncEngine
     pipelines: Mapping[str, Pipeline]
-    # Runs still to be asked for, per (source, destination): what a bucket or breaker is
-    # asked for at once, so that a batch costs a round trip per destination, not per run.
+    # Runs still to be asked for, per (source, destination): what a gate is asked for at
+    # once, so that a batch costs a round trip per destination, not per run.
     expected: Counter[tuple[str, str]] = field(default_factory=Counter)
     answers: dict[tuple[int, str], Deferral | None] = field(default_factory=dict)
-    breakers: dict[tuple[str, str], _Breaker] = field(default_factory=dict)
-    buckets: dict[tuple[str, str], _Bucket] = field(default_factory=dict)
+    gates: dict[tuple[str, str], _Gate] = field(default_factory=dict)
     changes: list[BreakerChange] = field(default_factory=list)
     next_due: float | None = None
+    claimed: Counter[tuple[str, str]] = field(default_factory=Counter)
+    waited: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def expect(self, row: MessageRow, destinations: Iterable[Destination]) -> None:
         """Count the gated runs of `row` the batch will ask for (its due destinations)."""
@@ -129,17 +141,46 @@ class DestinationGates:
         if memo in self.answers:
             return self.answers[memo]
         key = (row.source, destination.name)
-        answer = await self._breaker_admits(key, destination)
-        if answer is None:
-            answer = await self._bucket_admits(key, destination)
-            if answer is not None and destination.forward is not None:
-                self.breakers[key].allowed += 1  # not forwarded: its admission stays unused
+        gate = self.gates.get(key)
+        if gate is None or (gate.left <= 0 and gate.admission.allowed > 0):
+            # Not asked yet, or used up what it was allowed while more runs come: count
+            # what it ran (which may close or open its breaker), then ask for the rest.
+            if gate is not None:
+                await self._settle(key)
+            gate = await self._ask(key, destination)
         if self.expected[key] > 0:
             self.expected[key] -= 1
-        if answer is not None:
+        answer = None
+        if gate.left > 0:
+            gate.left -= 1
+            gate.used += 1
+        else:
+            answer = self._deferral(gate, destination)
             self.next_due = min(answer.wait_seconds, self.next_due or answer.wait_seconds)
         self.answers[memo] = answer
         return answer
+
+    async def _ask(self, key: tuple[str, str], destination: Destination) -> _Gate:
+        wanted = max(1, self.expected[key])
+        lease = 5.0 + (destination.forward.timeout_seconds * wanted if destination.forward else 0)
+        admission = await flow.admit(self.engine, gate_key(*key), destination.gates, wanted, lease)
+        self.gates[key] = _Gate(admission, admission.allowed)
+        return self.gates[key]
+
+    @staticmethod
+    def _deferral(gate: _Gate, destination: Destination) -> Deferral:
+        """Over what its gates allow now: each deferred run waits its turn, as a bucket
+        refills, so that a backlog's runs come due one token apart instead of all at once."""
+        gate.deferred += 1
+        admission = gate.admission
+        limit = destination.rate_limit
+        circuit = admission.breaker is not None and (
+            admission.breaker is not rules.BreakerState.CLOSED or admission.tokens == 0
+        )
+        if limit is None or (circuit and admission.breaker is not rules.BreakerState.CLOSED):
+            return Deferral(admission.wait_seconds or rules.PROBE_RECHECK_SECONDS, CIRCUIT_OPEN)
+        first = admission.wait_seconds or 1 / limit.per_second
+        return Deferral(first + (gate.deferred - 1) / limit.per_second, RATE_LIMITED)
 
     def forwarded(
         self,
@@ -153,122 +194,41 @@ class DestinationGates:
         the breaker's, not its message's: the run is deferred instead (until the breaker's
         next probe, no attempt spent), so that an outage, however long, sends no message to
         the dead letters by its probes."""
-        breaker = self.breakers.get((row.source, destination.name))
-        if breaker is None:
+        gate = self.gates.get((row.source, destination.name))
+        if gate is None or destination.forward is None:
             return None
         if breaks_circuit(status, error_type, error):
-            breaker.failed += 1
-            breaker.error = error or error_type
-            if breaker.state == "probe" and destination.forward is not None:
+            gate.failed += 1
+            gate.error = error or error_type
+            if gate.admission.probe:
                 wait = destination.forward.breaker_cooldown_seconds
                 self.next_due = min(wait, self.next_due or wait)
-                return Deferral(wait, f"{CIRCUIT_OPEN}: the probe failed: {breaker.error}")
+                return Deferral(wait, f"{CIRCUIT_OPEN}: the probe failed: {gate.error}")
         elif status == Status.PROCESSED:
-            breaker.succeeded += 1
+            gate.succeeded += 1
         return None
-
-    async def _breaker_admits(
-        self, key: tuple[str, str], destination: Destination
-    ) -> Deferral | None:
-        forward = destination.forward
-        if forward is None:
-            return None
-        breaker = self.breakers.setdefault(key, _Breaker())
-        if breaker.allowed <= 0 and breaker.state != "open":
-            # Used up what it was allowed (or not asked yet): count what it forwarded, which
-            # may close or open it, then ask again for the runs still to come.
-            await self._record_breaker(key, forward)
-            admission = await breakers.admit(
-                self.engine,
-                gate_key(*key),
-                forward.breaker_failures,
-                forward.timeout_seconds * max(1, self.expected[key]) + 5.0,
-                max(1, self.expected[key]),
-            )
-            breaker.state = admission.state
-            breaker.allowed = admission.allowed
-            breaker.reserved = admission.allowed if admission.state == "closed" else 0
-            breaker.wait_seconds = admission.wait_seconds or RECHECK_SECONDS
-        if breaker.allowed > 0:
-            breaker.allowed -= 1
-            return None
-        return Deferral(breaker.wait_seconds, CIRCUIT_OPEN)
-
-    async def _bucket_admits(
-        self, key: tuple[str, str], destination: Destination
-    ) -> Deferral | None:
-        limit = destination.rate_limit
-        if limit is None:
-            return None
-        bucket = self.buckets.setdefault(key, _Bucket())
-        if not bucket.asked:
-            taken = await rate_limits.take(
-                self.engine,
-                gate_key(*key),
-                limit.per_second,
-                limit.burst,
-                max(1, self.expected[key]),
-            )
-            bucket.asked, bucket.granted = True, taken.granted
-            # The first run over the limit waits for the next token: now due, or one after
-            # those granted.
-            bucket.wait_seconds = taken.wait_seconds if not taken.granted else 1 / limit.per_second
-        if bucket.used < bucket.granted:
-            bucket.used += 1
-            return None
-        # Over the limit: each waits its turn, as the bucket refills, so that the runs of a
-        # backlog come due one token apart instead of all at once.
-        bucket.deferred += 1
-        wait = bucket.wait_seconds + (bucket.deferred - 1) / limit.per_second
-        return Deferral(wait, RATE_LIMITED)
 
     async def settle(self) -> Settled:
         """After the batch: give back the tokens taken and not used, and count the forwards'
         outcomes."""
-        for key, bucket in self.buckets.items():
-            limit = self.pipelines[key[0]].destination(key[1]).rate_limit
-            assert limit is not None
-            await rate_limits.give_back(
-                self.engine, gate_key(*key), limit.burst, bucket.granted - bucket.used
-            )
-        for key in self.breakers:
-            forward = self.pipelines[key[0]].destination(key[1]).forward
-            assert forward is not None
-            await self._record_breaker(key, forward)
-        return Settled(
-            self.changes,
-            {key: b.used for key, b in self.buckets.items() if b.used},
-            {key: b.wait_seconds for key, b in self.buckets.items() if b.deferred},
-            self.next_due,
-        )
+        for key in list(self.gates):
+            await self._settle(key)
+        claimed = {key: n for key, n in self.claimed.items() if n}
+        return Settled(self.changes, claimed, self.waited, self.next_due)
 
-    async def _record_breaker(self, key: tuple[str, str], forward: ForwardConfig) -> None:
-        """Count the forwards of `key` since it was last admitted (none for an unasked or open
-        breaker), releasing what it reserved; a change is kept for `settle` to return."""
-        breaker = self.breakers[key]
-        if breaker.state in ("unasked", "open"):
-            return
-        probe = breaker.state == "probe"
-        is_open, opened = await breakers.record(
-            self.engine,
-            gate_key(*key),
-            failed=breaker.failed,
-            succeeded=breaker.succeeded,
-            limit=forward.breaker_failures,
-            cooldown=forward.breaker_cooldown_seconds,
-            error=breaker.error,
-            released=breaker.reserved,
-        )
-        if opened or (probe and (breaker.failed or breaker.succeeded)):
+    async def _settle(self, key: tuple[str, str]) -> None:
+        """Count the runs of `key` since it was last admitted; a breaker's change is kept for
+        `settle` to return."""
+        gate = self.gates.pop(key)
+        self.claimed[key] += gate.used
+        if gate.deferred and destination_limited(gate):
+            self.waited[key] = gate.admission.wait_seconds
+        destination = self.pipelines[key[0]].destination(key[1])
+        outcomes = flow.Outcomes(gate.admission, gate.used, gate.failed, gate.succeeded, gate.error)
+        change = await flow.settle(self.engine, gate_key(*key), destination.gates, outcomes)
+        if change is not None:
             self.changes.append(
                 BreakerChange(
-                    key[0],
-                    key[1],
-                    "opened" if opened else "reopened" if is_open else "closed",
-                    breaker.error,
-                    forward.breaker_cooldown_seconds,
+                    key[0], key[1], change, gate.error, destination.gates.cooldown_seconds
                 )
             )
-        breaker.state = "open" if is_open else "unasked"
-        breaker.allowed = breaker.reserved = breaker.failed = breaker.succeeded = 0
-        breaker.wait_seconds = forward.breaker_cooldown_seconds if is_open else 0.0

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from service.core import flow
 from service.core.settings import ConfigError
 from service.processing.handler_api import Handler
 from service.sources.base import BadDelivery, parse_json
@@ -30,6 +31,17 @@ class Route:
     def matches(self, event_type: str | None) -> bool:
         name = event_type or ""
         return any(fnmatchcase(name, pattern) for pattern in self.event_types)
+
+
+def gates_of(rate_limit: RateLimit | None, forward: ForwardConfig | None) -> flow.Gates:
+    """The gates configured for a source's own handlers or forward, or for a destination:
+    its rate limit, and a forward's circuit breaker (`core.flow`)."""
+    return flow.Gates(
+        per_second=None if rate_limit is None else rate_limit.per_second,
+        burst=0.0 if rate_limit is None else rate_limit.burst,
+        breaker_failures=None if forward is None else forward.breaker_failures,
+        cooldown_seconds=30.0 if forward is None else forward.breaker_cooldown_seconds,
+    )
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,10 @@ class Destination:
         """Whether its runs are admitted first: by its rate limit, or (a forward) by its
         circuit breaker (`service.processing.gates`)."""
         return self.rate_limit is not None or self.forward is not None
+
+    @property
+    def gates(self) -> flow.Gates:
+        return gates_of(self.rate_limit, self.forward)
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,11 @@ class Pipeline:
     @property
     def forward(self) -> ForwardConfig | None:
         return self.config.forward
+
+    @property
+    def gates(self) -> flow.Gates:
+        """The gates of the source's own handlers or forward (its default destination)."""
+        return gates_of(self.config.rate_limit, self.config.forward)
 
     # Asked by ingest of every delivery, so worked out once rather than read from the config
     # (a pydantic model: a slow look-up, see `Source`).

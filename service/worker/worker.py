@@ -16,21 +16,21 @@ from datetime import UTC, datetime
 import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.core.flow import BreakerState, Change
 from service.core.metrics import Metrics
 from service.core.schema import Status
 from service.core.settings import Settings
 from service.processing.attempt_spans import in_attempt_span
 from service.processing.fanout import expect_gated, run_destinations
 from service.processing.forward import forward_message_traced, lease_seconds
-from service.processing.gates import DestinationGates, breaks_circuit
+from service.processing.gates import DestinationGates, breaks_circuit, probe_failed
 from service.processing.handler_api import HandlerSession
 from service.processing.ordering import Stopped, behind, run_in_order, runs
 from service.processing.pipeline import Pipeline
 from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry_failure
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope, run_handlers
-from service.sources.config import RateLimit
 from service.sources.config_file import InboxConfig
-from service.store import breakers, rate_limits
+from service.store import flow
 from service.store.claims import (
     RESTORE_PLANS,
     AttemptResult,
@@ -52,6 +52,7 @@ from service.store.claims import (
     short_transaction,
 )
 from service.store.errors import StoreUnavailable
+from service.store.flow import gate_key
 from service.store.notifications import listen_for_messages
 from service.store.receipts import fold_receipts
 from service.worker.dead_letter_alerts import (
@@ -185,23 +186,14 @@ class Worker:
         }
         # Python handlers' sources are claimed by locking their rows in the batch's own
         # transaction (0008); forwards' by leasing them, since no transaction spans the call.
-        # Rate-limited sources are claimed one at a time, as many as their shared bucket
-        # allows (`_run_limited`), apart from the others.
-        self._limited = {
-            name: limit
-            for name, p in sorted(self.pipelines.items())
-            if (limit := p.config.rate_limit) is not None
-        }
-        self._limited_backlog = dict.fromkeys(self._limited, True)
-        self._locking = {
-            name: lease
-            for name, lease in self._leases.items()
-            if self.pipelines[name].forward is None and name not in self._limited
-        }
-        self._forwarding = {
-            name: lease
-            for name, lease in self._leases.items()
-            if self.pipelines[name].forward is not None and name not in self._limited
+        # A source with gates (a rate limit; a forward's circuit breaker) is claimed on its
+        # own, as many as its gates admit (`_run_gated`); the others together.
+        self._gates = {name: p.gates for name, p in sorted(self.pipelines.items())}
+        self._gated = [name for name, gates in self._gates.items() if gates.any]
+        # Whether a gated source's last claim took all it was admitted (more may be due).
+        self._gated_backlog = dict.fromkeys(self._gated, True)
+        self._free = {
+            name: lease for name, lease in self._leases.items() if name not in self._gated
         }
         self._gate = Gate()
         self._alone_due = False
@@ -372,92 +364,74 @@ class Worker:
         previous, began = self._last_batch, asyncio.get_running_loop().time()
         self._last_batch = began
         async with self._gate.shared():
-            if self._locking:
+            if self._free:
                 locked = await self._run_handlers(_Claimed(leased=False))
-            for source, lease in self._forwarding.items():
-                forwarded += await self._run_guarded(source, lease)
-            for source, limit in self._limited.items():
-                locked += await self._run_limited(source, limit)
+            for source in self._gated:
+                forwarded = max(forwarded, await self._run_gated(source, self.options.batch_size))
         if not (locked or forwarded) and self._last_batch == began:
             self._last_batch = previous
             if self._stop_lingering():  # a notification this look was holding back
                 self._notified()
         return max(locked, forwarded)
 
-    async def _run_limited(self, source: str, limit: RateLimit) -> int:
-        """Claim and run as many of `source`'s due messages as its bucket allows now (shared
-        by every process on the database); the number claimed. When the bucket is empty while
-        messages may be waiting, a wake-up is set for when the next token is due: a message
-        over the limit waits as `pending`, no attempt spent."""
-        want = self.options.batch_size
-        taken = await rate_limits.take(self.engine, source, limit.per_second, limit.burst, want)
-        if not taken.granted:
-            if self._limited_backlog[source]:
-                self._wake_later(taken.wait_seconds)
-                if self.metrics is not None:
-                    self.metrics.rate_limit_waited(source, taken.wait_seconds)
+    async def _run_gated(self, source: str, want: int, *, alone: bool = False) -> int:
+        """Claim and run as many of `source`'s due messages (of `want`) as its gates admit now
+        (`core.flow.admit`: its circuit breaker, then its rate limit's bucket, shared by every
+        process on the database), then settle: tokens not used go back, and a forward's
+        outcomes move its breaker. The number claimed. A message over the limit or held by
+        an open breaker waits as it is, no attempt spent, and a wake-up is set for when it
+        may run. A probe that fails is the breaker's, not its message's: its attempt is given
+        back (`_forward`). `alone`: among the messages whose last attempt never finished.
+        """
+        pipeline, gates = self.pipelines[source], self._gates[source]
+        leases = {source: self._leases[source]}
+        key = gate_key(source)
+        admission = await flow.admit(self.engine, key, gates, want, leases[source])
+        if not admission.allowed:
+            if self._gated_backlog[source] and not alone:
+                self._wake_later(admission.wait_seconds)
+                if self.metrics is not None and admission.breaker in (None, BreakerState.CLOSED):
+                    self.metrics.rate_limit_waited(source, admission.wait_seconds)
             return 0
-        lease = {source: self._leases[source]}
-        if self.pipelines[source].forward is None:
-            claimed = await self._run_handlers(
-                _Claimed(leased=False, sources=lease, limit=taken.granted)
-            )
+        failed: list[AttemptResult] = []
+        succeeded = 0
+        if pipeline.forward is None and not alone:
+            limit = admission.allowed
+            claimed = await self._run_handlers(_Claimed(leased=False, sources=leases, limit=limit))
         else:
-            rows = await claim_due(self.engine, lease, taken.granted, keyed=self._keyed)
-            await self._run_claimed(rows)
+            rows = await claim_due(
+                self.engine, leases, admission.allowed, alone=alone, keyed=self._keyed
+            )
             claimed = len(rows)
-        await rate_limits.give_back(self.engine, source, limit.burst, taken.granted - claimed)
-        if self.metrics is not None and claimed:
+            if alone:
+                self._log_alone(rows)
+            if rows and pipeline.forward is None:
+                await self._run_handlers(_Claimed(leased=True, rows=rows))
+            elif rows:
+                probe = gates.cooldown_seconds if admission.probe else None
+                results = await self._forward(rows, failed_probe_waits=probe)
+                failed = [r for r in results if breaks_circuit(r.status, r.error_type, r.error)]
+                succeeded = sum(r.status == Status.PROCESSED for r in results)
+        if self.metrics is not None and claimed and gates.per_second is not None:
             self.metrics.rate_limit_claimed(source, claimed)
-        # Claimed all it was allowed: more may be due, once the bucket has refilled.
-        self._limited_backlog[source] = claimed == taken.granted
-        if claimed == taken.granted and taken.granted < want:
-            self._wake_later(1.0 / limit.per_second)
+        error = failed[-1].error if failed else None
+        outcomes = flow.Outcomes(admission, claimed, len(failed), succeeded, error)
+        change = await flow.settle(self.engine, key, gates, outcomes)
+        if change is not None:
+            self._breaker_changed(source, change, error, gates.cooldown_seconds)
+        if alone:
+            return claimed
+        # Claimed all it was admitted: more may be due, once the gates let them.
+        self._gated_backlog[source] = claimed == admission.allowed
+        if claimed == admission.allowed and admission.allowed < want:
+            if admission.wait_seconds:
+                self._wake_later(admission.wait_seconds)
+            else:
+                self._claim_again = True  # capped by the breaker, not by the backlog
         return claimed
 
-    async def _run_guarded(self, source: str, lease: float) -> int:
-        """Claim and forward `source`'s due messages as its circuit breaker allows: closed, up
-        to the failures left before it opens; open, none until the cool-down ends (a wake-up
-        is set for then); after it, one probe, whose outcome closes or reopens it. The number
-        claimed."""
-        forward = self.pipelines[source].forward
-        assert forward is not None
-        want = self.options.batch_size
-        admission = await breakers.admit(self.engine, source, forward.breaker_failures, lease, want)
-        if not admission.allowed:
-            self._wake_later(admission.wait_seconds)
-            return 0
-        rows = await claim_due(self.engine, {source: lease}, admission.allowed, keyed=self._keyed)
-        results = await self._forward(rows) if rows else []
-        failed = [r for r in results if breaks_circuit(r.status, r.error_type, r.error)]
-        succeeded = sum(r.status == Status.PROCESSED for r in results)
-        if rows or admission.state != "open":  # an unused probe or reservation is given back
-            is_open, opened = await breakers.record(
-                self.engine,
-                source,
-                failed=len(failed),
-                succeeded=succeeded,
-                limit=forward.breaker_failures,
-                cooldown=forward.breaker_cooldown_seconds,
-                error=failed[-1].error if failed else None,
-                released=admission.allowed if admission.state == "closed" else 0,
-            )
-            if opened or admission.state == "probe":
-                change = "opened" if opened else "reopened" if is_open else "closed"
-                self._breaker_changed(
-                    source,
-                    change,
-                    failed[-1].error if failed else None,
-                    forward.breaker_cooldown_seconds,
-                )
-            elif is_open:
-                self._wake_later(forward.breaker_cooldown_seconds)
-        if rows and len(rows) == admission.allowed and admission.allowed < want:
-            self._claim_again = True  # capped by the breaker, not by the backlog
-        return len(rows)
-
     def _breaker_changed(
-        self, source: str, change: str, error: str | None, cooldown: float, destination: str = ""
+        self, source: str, change: Change, error: str | None, cooldown: float, destination: str = ""
     ) -> None:
         """A forward's breaker (the source's own, or a named `destination`'s) changed: count it;
         when it opened, log and announce it; while open, look again when its cool-down ends."""
@@ -525,32 +499,32 @@ class Worker:
         takes only its own attempt down. The number of messages run."""
         count = 0
         async with self._gate.exclusive():
-            while count < self.options.batch_size:
-                rows = await claim_due(self.engine, self._leases, 1, alone=True)
+            while self._free and count < self.options.batch_size:
+                rows = await claim_due(self.engine, self._free, 1, alone=True)
                 if not rows:
                     break
-                log.warning(
-                    "running alone: its last attempt never finished",
-                    extra={
-                        "source": rows[0].source,
-                        "message_id": rows[0].message_id,
-                        "id": rows[0].id,
-                        "attempt": rows[0].attempts + 1,
-                    },
-                )
-                await self._run_claimed(rows)
+                self._log_alone(rows)
+                await self._run_handlers(_Claimed(leased=True, rows=rows))
                 count += 1
+            for source in self._gated:  # as their gates admit, one at a time
+                while count < self.options.batch_size and await self._run_gated(
+                    source, 1, alone=True
+                ):
+                    count += 1
         return count
 
-    async def _run_claimed(self, rows: list[MessageRow]) -> None:
-        forwards = [row for row in rows if self.pipelines[row.source].forward is not None]
-        handled = [row for row in rows if self.pipelines[row.source].forward is None]
-        try:
-            if handled:
-                await self._run_handlers(_Claimed(leased=True, rows=handled))
-        finally:
-            if forwards:
-                await self._forward(forwards)
+    @staticmethod
+    def _log_alone(rows: list[MessageRow]) -> None:
+        for row in rows:
+            log.warning(
+                "running alone: its last attempt never finished",
+                extra={
+                    "source": row.source,
+                    "message_id": row.message_id,
+                    "id": row.id,
+                    "attempt": row.attempts + 1,
+                },
+            )
 
     async def _run_handlers(self, claimed: _Claimed) -> int:
         """Run Python handlers in one transaction: their effects commit with the outcomes. The
@@ -618,7 +592,7 @@ class Worker:
         if claimed.leased or claimed.locked:
             return await hold_claimed(conn, claimed.rows, leased=claimed.leased), []
         claimed.locked = True
-        sources = self._locking if claimed.sources is None else claimed.sources
+        sources = self._free if claimed.sources is None else claimed.sources
         limit = self.options.batch_size if claimed.limit is None else claimed.limit
         batch = await lock_due(conn, list(sources), limit, keyed=self._keyed)
         await record_claims(self.engine, batch.rows, sources, self.actor)
@@ -821,7 +795,12 @@ class Worker:
                 extra={"error": f"{type(again).__name__}: {again}", "count": len(rows)},
             )
 
-    async def _forward(self, rows: list[MessageRow]) -> list[AttemptResult]:
+    async def _forward(
+        self, rows: list[MessageRow], *, failed_probe_waits: float | None = None
+    ) -> list[AttemptResult]:
+        """Forward `rows` (leased) and record their outcomes; the outcomes as forwarded.
+        `failed_probe_waits`: the rows are a breaker's probe, and one that fails as the
+        breaker counts failures gives its attempt back and waits this long (`probe_failed`)."""
         assert self._http is not None
         http = self._http
 
@@ -832,10 +811,13 @@ class Worker:
         # Each key's run in order, the keys and the unkeyed messages concurrently.
         ran = await asyncio.gather(*(run_in_order(run, forward) for run in runs(rows)))
         results = [result for run in ran for result in run]
-        recorded = await record_results(self.engine, results, self.actor, leased=True)
+        kept = results
+        if failed_probe_waits is not None:
+            kept = [probe_failed(r, failed_probe_waits, rows) for r in results]
+        recorded = await record_results(self.engine, kept, self.actor, leased=True)
         if self._ordered and any(row.source in self._ordered for row in rows):
             self._claim_again = True
-        self._count(rows, [r for r in results if r.id in recorded])
+        self._count(rows, [r for r in kept if r.id in recorded])
         for result in results:
             if result.id not in recorded:
                 log.warning(

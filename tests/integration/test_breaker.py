@@ -69,3 +69,39 @@ async def test_an_endpoint_down_for_a_while_costs_n_attempts_and_the_probes(
     # Every message forwarded once the endpoint was back.
     forwarded = [r.headers["idempotency-key"] for r in server.requests[during:]]
     assert sorted(set(forwarded)) == sorted(f"hooks:m-{i}" for i in range(MESSAGES))
+
+
+async def test_a_probe_that_fails_gives_its_attempt_back_so_no_message_dies_of_the_outage(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # Issue 63: with max_attempts = 5, two failures to open and a 1 s cool-down, a message
+    # was dead 3.6 s into a 10 s outage, its attempts spent by the probes.
+    forward = {
+        "url": "",
+        "timeout_seconds": 2,
+        "breaker_failures": 2,
+        "breaker_cooldown_seconds": 1,
+    }
+    async with scripted_server(*[(503, {})] * 1000) as server:
+        forward["url"] = server.url
+        config = {"sources": {"hooks": source(forward=forward, max_attempts=5)}}
+        async with worker_for(config) as client:
+            started = time.monotonic()
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery("only"))
+            seen = set()
+            # Ten seconds down: two failures open it, then a probe about every second.
+            while time.monotonic() < started + 10:
+                row = await db.fetchrow("SELECT status, attempts FROM inbox_messages")
+                seen.add((row["status"], row["attempts"]))
+                await asyncio.sleep(0.05)  # a sample of the state every 50 ms, for 10 s
+            during = len(server.requests)
+            server.script.clear()  # the endpoint is back
+            await wait_until(db, "SELECT status FROM inbox_messages", "processed", timeout=10)
+    outcomes = [r["outcome"] for r in await db.fetch("SELECT outcome FROM inbox_attempts")]
+    attempts = await db.fetchval("SELECT attempts FROM inbox_messages")
+    print(f"{during} calls in 10 s down; {attempts} attempts; {outcomes}; states {sorted(seen)}")
+    assert "dead" not in {status for status, _ in seen}
+    assert max(n for _, n in seen) <= 3  # the two that opened it, and a probe in flight
+    assert during >= 6  # the probes went on through the outage
+    assert outcomes.count("processed") == 1
+    assert attempts == len(outcomes) <= 3  # no attempt row for the probes given back

@@ -21,16 +21,15 @@ from service.api.admin.models import (
     RetryRequest,
     RetryResult,
 )
-from service.api.admin.operations import breaker_state
+from service.api.admin.operations import breaker_view
 from service.api.problems import ProblemError, problem_responses
 from service.api.security import AdminDep
 from service.api.state import StateDep
 from service.core import tracing
-from service.processing.gates import gate_key
 from service.sources.config import DESTINATION_NAME
 from service.sources.config_file import InboxConfig
-from service.store import breakers
 from service.store import destinations as store
+from service.store import flow
 from service.store.admin import ADMIN_DISCARD
 
 log = logging.getLogger("service.admin")
@@ -70,7 +69,7 @@ async def collect_destination_stats(
     """The counts of every destination in `known` (each source's), and of any other that has
     pairs stored (the command line shows them too)."""
     counts = await store.destination_counts(engine)
-    circuits = await breakers.states(engine)
+    gates = await flow.snapshot(engine)
     keys = {(source, name) for source, names in known.items() for name in names}
     return DestinationStatsList(
         destinations=[
@@ -79,9 +78,7 @@ async def collect_destination_stats(
                 destination=name,
                 counts=counts.get((source, name), {}),
                 total=sum(counts.get((source, name), {}).values()),
-                breaker=breaker_state(circuits[key])
-                if (key := gate_key(source, name)) in circuits
-                else None,
+                breaker=breaker_view(gates, source, name),
             )
             for source, name in sorted(keys | set(counts))
         ]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict
-from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query
@@ -29,14 +28,17 @@ from service.api.admin.models import (
     Stats,
 )
 from service.api.state import StateDep
+from service.core import flow as rules
 from service.core.schema import UNFINISHED
+from service.processing.pipeline import gates_of
 from service.sources.base import AnySource
 from service.sources.config import DestinationConfig, ForwardConfig, RateLimit, SourceConfig
 from service.sources.config_file import InboxConfig
 from service.store import admin as store
-from service.store import breakers, pauses
+from service.store import flow
 from service.store.counts import ProcessedCounts, status_counts
 from service.store.errors import translate_errors
+from service.store.flow import gate_key
 from service.worker.retention import prune
 
 router = APIRouter(tags=["admin: operations"])
@@ -83,39 +85,24 @@ RECENT_STARTS = text(
      WHERE destination IS NOT NULL GROUP BY 1
     """
 )
-BUCKETS = text(
-    """
-    SELECT source AS key, tokens, extract(epoch FROM clock_timestamp() - refilled_at) AS idle
-      FROM inbox_rate_limits WHERE source = ANY(:keys)
-    """
-)
-
-
-def limit_key(source: str, destination: str | None) -> str:
-    """The row of a rate limit in `inbox_rate_limits` (`service.processing.gates.gate_key`)."""
-    return source if destination is None else f"{source}/{destination}"
 
 
 async def rate_limit_stats(
     engine: AsyncEngine, limits: Mapping[tuple[str, str | None], RateLimit]
 ) -> list[RateLimitStats]:
     """Each rate limit's current rate (attempts started in the last 10 s) and its shared
-    bucket as it stands now; the sources' first, then their destinations'."""
-    keys = {limit_key(*key): key for key in limits}
-    names = {"sources": sorted({source for source, _ in limits}), "keys": list(keys)}
+    bucket as it stands now (`core.flow.tokens_now`, on the database's clock); the sources'
+    first, then their destinations'."""
+    names = {"sources": sorted({source for source, _ in limits})}
     async with translate_errors(), engine.connect() as conn:
         recent = {r.key: int(r.n) for r in await conn.execute(RECENT_STARTS, names)}
-        buckets = {r.key: r for r in await conn.execute(BUCKETS, names)}
+    gates = await flow.snapshot(engine)
     found = []
     ordered = sorted(limits.items(), key=lambda item: (item[0][1] is not None, item[0]))
     for (name, destination), limit in ordered:
-        key = limit_key(name, destination)
-        bucket = buckets.get(key)
-        tokens = (
-            limit.burst
-            if bucket is None
-            else min(limit.burst, bucket.tokens + limit.per_second * float(bucket.idle))
-        )
+        key = gate_key(name, destination)
+        configured = gates_of(limit, None)
+        tokens = rules.tokens_now(configured, gates.buckets.get(key), gates.now)
         found.append(
             RateLimitStats(
                 source=name,
@@ -124,7 +111,7 @@ async def rate_limit_stats(
                 per_second=limit.per_second,
                 current_per_second=recent.get(key, 0) / 10,
                 tokens=round(tokens, 3),
-                wait_seconds=round(max(0.0, (1 - tokens) / limit.per_second), 3),
+                wait_seconds=round(rules.token_wait(configured, tokens), 3),
             )
         )
     return found
@@ -219,14 +206,14 @@ def describe(source: AnySource) -> SourceInfo:
 async def sources(state: StateDep) -> SourceList:
     """List the configured sources: kind, mode, handlers, forward URL, destinations, whether
     paused; never a secret."""
-    paused = await pauses.pauses(state.engine)
-    circuits = await breakers.states(state.engine)
+    paused = await flow.pauses(state.engine)
+    gates = await flow.snapshot(state.engine)
     return SourceList(
         sources=[
             describe(s).model_copy(
                 update={
                     "paused": SourcePause.model_validate(paused[name]) if name in paused else None,
-                    "breaker": breaker_state(circuits[name]) if name in circuits else None,
+                    "breaker": breaker_view(gates, name),
                 }
             )
             for name, s in sorted(state.inbox.sources.items())
@@ -234,20 +221,20 @@ async def sources(state: StateDep) -> SourceList:
     )
 
 
-def breaker_state(row: Mapping[str, Any]) -> BreakerState:
-    now = datetime.now(UTC)
-    if row["open_until"] is None:
-        state = "closed"
-    elif row["open_until"] > now:
-        state = "open"
-    else:
-        state = "half_open"
+def breaker_view(
+    gates: flow.Snapshot, source: str, destination: str | None = None
+) -> BreakerState | None:
+    """A forward's breaker as every process sees it (`core.flow.breaker_state`, on the
+    database's clock); None for a gate that has never been asked."""
+    breaker = gates.breakers.get(gate_key(source, destination))
+    if breaker is None:
+        return None
     return BreakerState(
-        state=state,
-        failures=row["failures"],
-        open_until=row["open_until"],
-        opened_at=row["opened_at"],
-        last_error=row["last_error"],
+        state=rules.breaker_state(breaker, gates.now).value,
+        failures=breaker.failures,
+        open_until=breaker.open_until,
+        opened_at=breaker.opened_at,
+        last_error=breaker.last_error,
     )
 
 

@@ -12,7 +12,7 @@ from service.api.problems import ProblemError, problem_responses
 from service.api.security import AdminDep
 from service.api.state import AppState, StateDep
 from service.core import tracing
-from service.store import pauses as store
+from service.store import flow as store
 
 log = logging.getLogger("service.admin")
 
