@@ -8,7 +8,9 @@ of theirs.
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import httpx
@@ -97,9 +99,14 @@ async def run_destinations(
     defer_flush: bool = False,
     failed: AttemptResult | None = None,
     gates: DestinationGates | None = None,
+    forwarded: Mapping[str, DestinationResult] | None = None,
 ) -> tuple[AttemptResult, BaseException | None]:
     """Run each due destination of `row`; the message's result, with one result per
     destination, and the first failure's exception.
+
+    `forwarded`: the forward destinations' outcomes, made before the batch's transaction
+    began (`forward_destinations`), so that no transaction is open while an HTTP call is out;
+    a due forward destination missing from it is called here.
 
     `isolated`: each destination in a savepoint of its own, so one destination's failure
     undoes its own effects only. Otherwise (the worker's optimistic batch, as `run_handlers`
@@ -146,39 +153,19 @@ async def run_destinations(
             if outcome.delay_seconds is not None:
                 delays.append(outcome.delay_seconds)
             continue
-        if gates is not None and run.destination.gated:
+        if gates is not None and run.destination.gated and run.destination.forward is None:
             deferral = await gates.admit(row, run.destination)
             if deferral is not None:
                 results.append(deferred_result(name, states.get(name), deferral, begun))
                 delays.append(deferral.wait_seconds)
                 continue
         if run.destination.forward is not None:
-            # The HTTP call holds no savepoint: it has no effect in this transaction.
-            forwarded = await forward_message(
-                http, row, attempt, pipeline.config, destination=run.destination
-            )
-            probe_failed = (
-                None
-                if gates is None
-                else gates.forwarded(
-                    row, run.destination, forwarded.status, forwarded.error_type, forwarded.error
-                )
-            )
-            if probe_failed is not None:
-                results.append(deferred_result(name, states.get(name), probe_failed, begun))
-                delays.append(probe_failed.wait_seconds)
+            made = forwarded.get(name) if forwarded is not None else None
+            outcome = made or await forward_destination(pipeline, row, run, http, gates)
+            if outcome.deferred:
+                results.append(outcome)
+                delays.append(outcome.delay_seconds or 0.0)
                 continue
-            outcome = DestinationResult(
-                name,
-                forwarded.status,
-                forwarded.outcome,
-                begun,
-                forwarded.finished_at,
-                forwarded.error_type,
-                forwarded.error,
-                forwarded.traceback,
-                forwarded.delay_seconds,
-            )
         else:
             outcome, exc = await run_destination(
                 session,
@@ -221,6 +208,54 @@ async def run_destinations(
         destinations=results,
         deferred=deferred,
     ), first_failure
+
+
+async def forward_destination(
+    pipeline: Pipeline,
+    row: MessageRow,
+    run: Run,
+    http: httpx.AsyncClient,
+    gates: DestinationGates | None,
+) -> DestinationResult:
+    """One forward destination's part of the attempt: admitted by its gates (else deferred),
+    called, and its outcome counted towards its breaker (a failed probe is deferred)."""
+    name, destination = run.destination.name, run.destination
+    begun = datetime.now(UTC)
+    status = (row.destinations or {}).get(name)
+    if gates is not None and destination.gated:
+        deferral = await gates.admit(row, destination)
+        if deferral is not None:
+            return deferred_result(name, status, deferral, begun)
+    made = await forward_message(
+        http, row, row.attempts + 1, pipeline.config, destination=destination
+    )
+    if gates is not None:
+        probe = gates.forwarded(row, destination, made.status, made.error_type, made.error)
+        if probe is not None:
+            return deferred_result(name, status, probe, begun)
+    return DestinationResult(
+        name,
+        made.status,
+        made.outcome,
+        begun,
+        made.finished_at,
+        made.error_type,
+        made.error,
+        made.traceback,
+        made.delay_seconds,
+    )
+
+
+async def forward_destinations(
+    pipeline: Pipeline, row: MessageRow, http: httpx.AsyncClient, gates: DestinationGates | None
+) -> dict[str, DestinationResult]:
+    """The due forward destinations of `row` (its `destinations` loaded), called at once, with
+    no transaction open: their outcomes, for `run_destinations` to record."""
+    runs = [run for run in due_runs(pipeline, row)[0] if run.destination.forward is not None]
+    made = await asyncio.gather(
+        *(forward_destination(pipeline, row, run, http, gates) for run in runs)
+    )
+    return {result.name: result for result in made}
 
 
 async def run_destination(

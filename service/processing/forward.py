@@ -27,9 +27,10 @@ ERROR_BODY_CHARS = 300
 
 
 def lease_seconds(config: SourceConfig, margin: float) -> float:
-    """How long a forward may hold its message before another worker takes it again."""
-    timeout = config.forward.timeout_seconds if config.forward else 0.0
-    return timeout + margin
+    """How long a forward may hold its message before another worker takes it again: its
+    timeout, or the longest of its named destinations' (called at once), and the margin."""
+    forwards = [config.forward] + [d.forward for d in config.destinations.values()]
+    return max((f.timeout_seconds for f in forwards if f is not None), default=0.0) + margin
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:

@@ -13,6 +13,7 @@ forwards' outcomes.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,8 @@ from service.store.flow import gate_key
 CIRCUIT_FAILURES = frozenset({"ForwardConnectionError", "ForwardTimeout"})
 RATE_LIMITED = "rate limited"
 CIRCUIT_OPEN = "circuit open"
+# A closed breaker's failures left are all held by calls in flight (its bound on them).
+IN_FLIGHT = "circuit breaker: the failures it allows are held by calls in flight"
 
 
 def breaks_circuit(status: Status, error_type: str | None, error: str | None) -> bool:
@@ -128,6 +131,7 @@ class DestinationGates:
     next_due: float | None = None
     claimed: Counter[tuple[str, str]] = field(default_factory=Counter)
     waited: dict[tuple[str, str], float] = field(default_factory=dict)
+    asking: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def expect(self, row: MessageRow, destinations: Iterable[Destination]) -> None:
         """Count the gated runs of `row` the batch will ask for (its due destinations)."""
@@ -141,13 +145,12 @@ class DestinationGates:
         if memo in self.answers:
             return self.answers[memo]
         key = (row.source, destination.name)
-        gate = self.gates.get(key)
-        if gate is None or (gate.left <= 0 and gate.admission.allowed > 0):
-            # Not asked yet, or used up what it was allowed while more runs come: count
-            # what it ran (which may close or open its breaker), then ask for the rest.
-            if gate is not None:
-                await self._settle(key)
-            gate = await self._ask(key, destination)
+        # Asked once a batch, for every run expected (`expect`): the forwards of a batch go
+        # out at once, so no outcome is known before the last run is admitted, and a second
+        # ask would let a breaker admit more calls than failures it has left. Runs past the
+        # answer wait for the next batch. Under a lock: concurrent runs share one answer.
+        async with self.asking:
+            gate = self.gates.get(key) or await self._ask(key, destination)
         if self.expected[key] > 0:
             self.expected[key] -= 1
         answer = None
@@ -174,11 +177,11 @@ class DestinationGates:
         gate.deferred += 1
         admission = gate.admission
         limit = destination.rate_limit
-        circuit = admission.breaker is not None and (
-            admission.breaker is not rules.BreakerState.CLOSED or admission.tokens == 0
-        )
-        if limit is None or (circuit and admission.breaker is not rules.BreakerState.CLOSED):
-            return Deferral(admission.wait_seconds or rules.PROBE_RECHECK_SECONDS, CIRCUIT_OPEN)
+        recheck = admission.wait_seconds or rules.PROBE_RECHECK_SECONDS
+        if admission.breaker not in (None, rules.BreakerState.CLOSED):
+            return Deferral(recheck, CIRCUIT_OPEN)
+        if limit is None:
+            return Deferral(recheck, IN_FLIGHT)
         first = admission.wait_seconds or 1 / limit.per_second
         return Deferral(first + (gate.deferred - 1) / limit.per_second, RATE_LIMITED)
 

@@ -21,11 +21,11 @@ from service.core.metrics import Metrics
 from service.core.schema import Status
 from service.core.settings import Settings
 from service.processing.attempt_spans import in_attempt_span
-from service.processing.fanout import expect_gated, run_destinations
+from service.processing.fanout import expect_gated, forward_destinations, run_destinations
 from service.processing.forward import forward_message_traced, lease_seconds
 from service.processing.gates import DestinationGates, breaks_circuit, probe_failed
 from service.processing.handler_api import HandlerSession
-from service.processing.ordering import Stopped, behind, run_in_order, runs
+from service.processing.ordering import Stopped, behind, key_of, run_in_order, runs
 from service.processing.pipeline import Pipeline
 from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry_failure
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope, run_handlers
@@ -34,6 +34,7 @@ from service.store import flow
 from service.store.claims import (
     RESTORE_PLANS,
     AttemptResult,
+    DestinationResult,
     ExpiredLease,
     MessageRow,
     MessageSavepoints,
@@ -133,6 +134,9 @@ class _Claimed:
     # The admissions of its named destinations' rate limits and breakers, made once for the
     # batch and its reruns (`service.processing.gates`).
     gates: DestinationGates | None = None
+    # Of leased rows, each message's forward destinations' outcomes, made before the batch's
+    # transaction began (`_run_fanout`).
+    forwarded: dict[int, dict[str, DestinationResult]] | None = None
 
 
 class WorkerCrashed(Exception):
@@ -192,8 +196,20 @@ class Worker:
         self._gated = [name for name, gates in self._gates.items() if gates.any]
         # Whether a gated source's last claim took all it was admitted (more may be due).
         self._gated_backlog = dict.fromkeys(self._gated, True)
+        # Leased rather than locked: a forward, and a source whose named destinations
+        # forward (no transaction may be open while an HTTP call is out).
+        self._leased = {
+            name for name, p in self.pipelines.items() if p.forward or p.forwards_in_batch
+        }
         self._free = {
-            name: lease for name, lease in self._leases.items() if name not in self._gated
+            name: lease
+            for name, lease in self._leases.items()
+            if name not in self._gated and name not in self._leased
+        }
+        self._free_leased = {
+            name: lease
+            for name, lease in self._leases.items()
+            if name not in self._gated and name in self._leased
         }
         self._gate = Gate()
         self._alone_due = False
@@ -366,6 +382,12 @@ class Worker:
         async with self._gate.shared():
             if self._free:
                 locked = await self._run_handlers(_Claimed(leased=False))
+            if self._free_leased:
+                rows = await claim_due(
+                    self.engine, self._free_leased, self.options.batch_size, keyed=self._keyed
+                )
+                await self._run_leased(rows)
+                forwarded = len(rows)
             for source in self._gated:
                 forwarded = max(forwarded, await self._run_gated(source, self.options.batch_size))
         if not (locked or forwarded) and self._last_batch == began:
@@ -395,7 +417,7 @@ class Worker:
             return 0
         failed: list[AttemptResult] = []
         succeeded = 0
-        if pipeline.forward is None and not alone:
+        if source not in self._leased and not alone:
             limit = admission.allowed
             claimed = await self._run_handlers(_Claimed(leased=False, sources=leases, limit=limit))
         else:
@@ -406,7 +428,7 @@ class Worker:
             if alone:
                 self._log_alone(rows)
             if rows and pipeline.forward is None:
-                await self._run_handlers(_Claimed(leased=True, rows=rows))
+                await self._run_leased(rows)
             elif rows:
                 probe = gates.cooldown_seconds if admission.probe else None
                 results = await self._forward(rows, failed_probe_waits=probe)
@@ -499,12 +521,13 @@ class Worker:
         takes only its own attempt down. The number of messages run."""
         count = 0
         async with self._gate.exclusive():
-            while self._free and count < self.options.batch_size:
-                rows = await claim_due(self.engine, self._free, 1, alone=True)
+            ungated = self._free | self._free_leased
+            while ungated and count < self.options.batch_size:
+                rows = await claim_due(self.engine, ungated, 1, alone=True)
                 if not rows:
                     break
                 self._log_alone(rows)
-                await self._run_handlers(_Claimed(leased=True, rows=rows))
+                await self._run_leased(rows)
                 count += 1
             for source in self._gated:  # as their gates admit, one at a time
                 while count < self.options.batch_size and await self._run_gated(
@@ -525,6 +548,48 @@ class Worker:
                     "attempt": row.attempts + 1,
                 },
             )
+
+    async def _run_leased(self, rows: list[MessageRow]) -> None:
+        """Run leased rows of Python handlers' sources, or of sources whose named destinations
+        forward (`_run_fanout`); a source's own forward goes by `_forward`."""
+        fanning = [row for row in rows if self.pipelines[row.source].forwards_in_batch]
+        handled = [row for row in rows if row not in fanning]
+        if handled:
+            await self._run_handlers(_Claimed(leased=True, rows=handled))
+        if fanning:
+            await self._run_fanout(fanning)
+
+    async def _run_fanout(self, rows: list[MessageRow]) -> None:
+        """Leased messages whose named destinations forward: first their forwards, called with
+        no transaction open (as a source's forward is), then one transaction that runs their
+        handler destinations and records every destination's outcome, the forwards' with
+        them. A key's messages after the first of this batch are put back unattempted: a
+        forward of a later one must not go out before an earlier one's handlers commit."""
+        first: dict[tuple[str, str], MessageRow] = {}
+        behind_first: list[MessageRow] = []
+        for row in rows:
+            key = key_of(row)
+            if key is not None and first.setdefault(key, row) is not row:
+                behind_first.append(row)
+        if behind_first:
+            await record_results(
+                self.engine, [behind(row) for row in behind_first], self.actor, leased=True
+            )
+        rows = [row for row in rows if row not in behind_first]
+        async with short_transaction(self.engine) as conn:
+            await load_destinations(conn, rows)
+        gates = None
+        if any(self.pipelines[row.source].gated for row in rows):
+            gates = DestinationGates(self.engine, self.pipelines)
+            for row in rows:
+                expect_gated(gates, self.pipelines[row.source], row)
+        assert self._http is not None
+        http = self._http
+        made = await asyncio.gather(
+            *(forward_destinations(self.pipelines[row.source], row, http, gates) for row in rows)
+        )
+        forwarded = {row.id: outcomes for row, outcomes in zip(rows, made, strict=True)}
+        await self._run_handlers(_Claimed(leased=True, rows=rows, gates=gates, forwarded=forwarded))
 
     async def _run_handlers(self, claimed: _Claimed) -> int:
         """Run Python handlers in one transaction: their effects commit with the outcomes. The
@@ -574,14 +639,10 @@ class Worker:
 
     def _isolating(self, rows: list[MessageRow]) -> bool:
         """Whether a batch of `rows` runs with a savepoint per message: after a failure of one
-        of their sources, and always for sources with a forward among their named
-        destinations."""
+        of their sources. (Named destinations' forwards are called before the transaction,
+        `_run_fanout`, so a rollback sends none of them again.)"""
         now = time.monotonic()
-        return any(
-            self._isolate_until.get(row.source, 0.0) > now
-            or self.pipelines[row.source].forwards_in_batch
-            for row in rows
-        )
+        return any(self._isolate_until.get(row.source, 0.0) > now for row in rows)
 
     async def _hold(
         self, conn: AsyncConnection, claimed: _Claimed
@@ -704,6 +765,7 @@ class Worker:
                                 defer_flush=defer_flush,
                                 failed=earlier,
                                 gates=claimed.gates,
+                                forwarded=(claimed.forwarded or {}).get(row.id),
                             )
                         elif earlier is not None:
                             stopped.stop(row, earlier)
