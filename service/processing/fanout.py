@@ -113,6 +113,7 @@ async def run_destinations(
     `gates`: the batch's admissions of rate-limited destinations and forwards' breakers; a
     destination they hold back is deferred (it waits, pending, no attempt spent), and when
     every due destination is, the message's attempt is given back too (`AttemptResult.deferred`).
+    A forward whose endpoint answers a 429 or 503 with `Retry-After` is deferred the same way.
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
@@ -170,7 +171,10 @@ async def run_destinations(
                 continue
             outcome = DestinationResult(
                 name,
-                forwarded.status,
+                # Deferred by its Retry-After: as it stands, like a gate's deferral.
+                Status(states.get(name, Status.PENDING))
+                if forwarded.deferred
+                else forwarded.status,
                 forwarded.outcome,
                 begun,
                 forwarded.finished_at,
@@ -178,6 +182,8 @@ async def run_destinations(
                 forwarded.error,
                 forwarded.traceback,
                 forwarded.delay_seconds,
+                deferred=forwarded.deferred,
+                retry_after=forwarded.retry_after,
             )
         else:
             outcome, exc = await run_destination(
@@ -205,7 +211,10 @@ async def run_destinations(
     if deferred and not row.destinations:
         status = Status.PENDING  # it never ran: it waits as it was accepted
     failed_one = next((r for r in results if r.status != Status.PROCESSED and not r.deferred), None)
-    held = failed_one or next((r for r in results if r.deferred), None)
+    # What the message waits for: a failure, else the endpoint's Retry-After, else a gate.
+    held = failed_one or min(
+        (r for r in results if r.deferred), key=lambda r: not r.retry_after, default=None
+    )
     return AttemptResult(
         row.id,
         attempt,
@@ -220,6 +229,7 @@ async def run_destinations(
         else f"destination {held.name}: {last_error_line(held.error_type, held.error)}",
         destinations=results,
         deferred=deferred,
+        retry_after=deferred and held is not None and held.retry_after,
     ), first_failure
 
 
