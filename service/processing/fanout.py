@@ -120,6 +120,7 @@ async def run_destinations(
     `gates`: the batch's admissions of rate-limited destinations and forwards' breakers; a
     destination they hold back is deferred (it waits, pending, no attempt spent), and when
     every due destination is, the message's attempt is given back too (`AttemptResult.deferred`).
+    A forward whose endpoint answers a 429 or 503 with `Retry-After` is deferred the same way.
     """
     attempt = row.attempts + 1
     started = datetime.now(UTC)
@@ -192,7 +193,10 @@ async def run_destinations(
     if deferred and not row.destinations:
         status = Status.PENDING  # it never ran: it waits as it was accepted
     failed_one = next((r for r in results if r.status != Status.PROCESSED and not r.deferred), None)
-    held = failed_one or next((r for r in results if r.deferred), None)
+    # What the message waits for: a failure, else the endpoint's Retry-After, else a gate.
+    held = failed_one or min(
+        (r for r in results if r.deferred), key=lambda r: not r.retry_after, default=None
+    )
     return AttemptResult(
         row.id,
         attempt,
@@ -207,6 +211,7 @@ async def run_destinations(
         else f"destination {held.name}: {last_error_line(held.error_type, held.error)}",
         destinations=results,
         deferred=deferred,
+        retry_after=deferred and held is not None and held.retry_after,
     ), first_failure
 
 
@@ -235,7 +240,8 @@ async def forward_destination(
             return deferred_result(name, status, probe, begun)
     return DestinationResult(
         name,
-        made.status,
+        # Deferred by its Retry-After: as it stands, like a gate's deferral.
+        Status(status or Status.PENDING) if made.deferred else made.status,
         made.outcome,
         begun,
         made.finished_at,
@@ -243,6 +249,8 @@ async def forward_destination(
         made.error,
         made.traceback,
         made.delay_seconds,
+        deferred=made.deferred,
+        retry_after=made.retry_after,
     )
 
 

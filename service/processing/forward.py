@@ -22,6 +22,16 @@ log = logging.getLogger("service.forward")
 # Besides 5xx: the request timed out, "too early", "too many requests" - all worth retrying.
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 MAX_RETRY_AFTER_SECONDS = 7 * 86_400
+# "Too many requests" and "unavailable" with a valid `Retry-After`: the endpoint is up and says
+# when to come back, so the message waits that long without spending an attempt (a throttle
+# must not send messages to the dead letters). It waits at least a second, so that an endpoint
+# answering `Retry-After: 0` for ever is not called in a loop, and at most an hour, so that a
+# proxy's "come back tomorrow" is asked again within the hour. There is no count of deferrals:
+# like an open breaker, an endpoint that throttles for ever holds its messages for ever, which
+# an operator sees (last_error, the "forward deferred" log line, the oldest-pending age).
+DEFERRING_STATUSES = frozenset({429, 503})
+MIN_DEFERRAL_SECONDS = 1.0
+MAX_DEFERRAL_SECONDS = 3600.0
 # How much of an error response's body to keep in last_error.
 ERROR_BODY_CHARS = 300
 
@@ -76,6 +86,60 @@ def forward_headers(
     return headers
 
 
+def deferral_seconds(response: httpx.Response) -> float | None:
+    """How long a 429 or 503 asks the message to wait (its `Retry-After`, within the bounds
+    above); None when the answer is not a deferral (any other status, or no valid header)."""
+    if response.status_code not in DEFERRING_STATUSES:
+        return None
+    after = parse_retry_after(response.headers.get("retry-after"))
+    if after is None:
+        return None
+    return min(max(after, MIN_DEFERRAL_SECONDS), MAX_DEFERRAL_SECONDS)
+
+
+def response_error(response: httpx.Response) -> str:
+    """A failed answer as last_error shows it: its status and the start of its body."""
+    snippet = response.text[:ERROR_BODY_CHARS].strip()
+    return f"HTTP {response.status_code}" + (f": {snippet}" if snippet else "")
+
+
+def deferred_attempt(
+    row: MessageRow,
+    attempt: int,
+    response: httpx.Response,
+    wait: float,
+    started: datetime,
+    destination: str | None,
+) -> AttemptResult:
+    """The endpoint asked the message to wait `wait` seconds: it returns to the status it was
+    claimed in, its attempt given back, with the answer as its last_error."""
+    log.info(
+        "forward deferred",
+        extra={
+            "source": row.source,
+            "destination": destination,
+            "message_id": row.message_id,
+            "id": row.id,
+            "attempt": attempt,
+            "status_code": response.status_code,
+            "retry_in_s": wait,
+        },
+    )
+    return AttemptResult(
+        row.id,
+        attempt,
+        row.status,
+        "deferred",
+        started,
+        datetime.now(UTC),
+        delay_seconds=wait,
+        error_type="ForwardFailed",
+        error=f"{response_error(response)} (Retry-After: waiting {wait:g}s, no attempt spent)",
+        deferred=True,
+        retry_after=True,
+    )
+
+
 def classify_response(
     response: httpx.Response, attempt: int, config: SourceConfig, budget_start: int = 0
 ) -> Failure | None:
@@ -83,8 +147,7 @@ def classify_response(
     status = response.status_code
     if 200 <= status < 300:
         return None
-    snippet = response.text[:ERROR_BODY_CHARS].strip()
-    error = f"HTTP {status}" + (f": {snippet}" if snippet else "")
+    error = response_error(response)
     if 400 <= status < 500 and status not in RETRYABLE_STATUSES:
         return dead_failure("ForwardRejected", error)
     after = parse_retry_after(response.headers.get("retry-after"))
@@ -100,7 +163,8 @@ async def forward_message(
     destination: Destination | None = None,
 ) -> AttemptResult:
     """POST `row` to the source's forward, or to the named `destination`'s; the attempt's
-    result, never an exception."""
+    result, never an exception: deferred when the endpoint asks it to wait
+    (`deferral_seconds`)."""
     forward = config.forward if destination is None else destination.forward
     assert forward is not None
     name = None if destination is None else destination.name
@@ -113,6 +177,9 @@ async def forward_message(
             response = await client.post(
                 forward.url, content=row.body, headers=forward_headers(row, attempt, name)
             )
+        wait = deferral_seconds(response)
+        if wait is not None:
+            return deferred_attempt(row, attempt, response, wait, started, name)
         failure = classify_response(response, attempt, config, row.budget_start)
     except (TimeoutError, httpx.TimeoutException):
         failure = retry_failure(

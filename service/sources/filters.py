@@ -1,6 +1,7 @@
 """Payload filters: which messages a handler entry (later, a destination) wants, by what the
 body says. Written in the sources file, checked against the parsed body, and never raising:
-a field that is missing, of another type, or a body that is not JSON is simply no match.
+a comparison on a missing field is false (`exists = false` true), one on a value of another
+type false, and a body that is not JSON passes no filter.
 
 Two forms, both optional, all of which must hold:
 

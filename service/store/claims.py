@@ -68,6 +68,9 @@ class DestinationResult:
     # It did not run: its rate limit or circuit breaker held it (`processing.gates`). It
     # stays pending (or retrying), no attempt spent, due again after `delay_seconds`.
     deferred: bool = False
+    # Deferred by the endpoint's own answer (a 429 or 503 with `Retry-After`,
+    # `processing.forward`), not by a gate: the answer is its error, shown as last_error.
+    retry_after: bool = False
 
     @property
     def duration_ms(self) -> float:
@@ -96,6 +99,9 @@ class AttemptResult:
     # Every destination due was deferred: nothing ran, and the attempt counted when the
     # message was claimed is given back.
     deferred: bool = False
+    # Deferred by the endpoint's `Retry-After`: unlike a gate's or its key's deferral, it
+    # replaces the message's last_error, so that an operator sees why the message waits.
+    retry_after: bool = False
 
     @property
     def duration_ms(self) -> float:
@@ -483,8 +489,9 @@ async def alone_due(engine: AsyncEngine, sources: Sequence[str]) -> bool:
 # fenced on the attempts count and status the caller saw, so the outcome of a lease that expired
 # and was claimed again by someone else is dropped instead of overwriting the newer attempt.
 # An attempt that finished clears `run_alone`; one reaped unfinished sets it. A deferred one
-# (a rate limit, a breaker or its ordering key held it: it did not run) gives its attempt
-# back, keeps its last error and writes no attempt row. The outcomes
+# (a rate limit, a breaker or its ordering key held it: it did not run; or the endpoint's
+# Retry-After asked it to wait) gives its attempt back and writes no attempt row; it keeps its
+# last error unless the endpoint's answer is the reason it waits (`keeps_error` false). The outcomes
 # travel as one JSON document ($1), not as fourteen arrays: asyncpg checks every array element
 # against three abstract base classes, which made recording 100 outcomes cost the worker about
 # 20 us a message against 8. The rows are found by id (BY_ID_STATUS).
@@ -496,7 +503,7 @@ FINISH_ATTEMPTS = f"""
                    last_error text, unfinished boolean, started_at timestamptz,
                    finished_at timestamptz, outcome text, error_type text, error text,
                    traceback text, duration_ms float8, per_destination boolean,
-                   deferred boolean)
+                   deferred boolean, keeps_error boolean)
     ), finished AS (
         UPDATE inbox_messages AS m
            SET status = u.status,
@@ -506,7 +513,7 @@ FINISH_ATTEMPTS = f"""
                                       ELSE m.next_attempt_at END,
                processed_at = CASE WHEN u.status = 'processed' THEN clock_timestamp() END,
                locked_until = NULL,
-               last_error = CASE WHEN u.deferred THEN m.last_error ELSE u.last_error END,
+               last_error = CASE WHEN u.keeps_error THEN m.last_error ELSE u.last_error END,
                run_alone = u.unfinished
           FROM u
          WHERE m.id = u.id
@@ -592,6 +599,7 @@ def _outcome(r: AttemptResult, leased: bool) -> dict[str, object]:
         "attempt": r.attempt - 1 if r.deferred else r.attempt,
         "expected": r.attempt if leased else r.attempt - 1,
         "deferred": r.deferred,
+        "keeps_error": r.deferred and not r.retry_after,
         "delay": r.delay_seconds,
         "last_error": None if r.status == Status.PROCESSED else last_error_line(error_type, error),
         "unfinished": r.unfinished,

@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 # One statement, autocommitted, is the whole batch: one round trip instead of BEGIN, INSERT,
 # UPDATE, NOTIFY and COMMIT (two when a plain insert meets a stored key: INSERT_BATCH below).
 # Rows arrive deduplicated (each key once, with `received`, the number of times the batch
-# holds it) and sorted by (source, message_id), so two batches that share keys lock them in
-# the same order instead of deadlocking.
+# holds it) and in `lock_order`, so that two batches that share keys lock them in the same
+# order instead of deadlocking; the ids follow that order.
 # - The rows come as one JSON document ($1: an array of [source, message_id, event_type, headers,
 #   content_type, done, received, trace_context[, ordering_key]]) and their bodies as a bytea array
 #   ($2), in the same order. The driver encodes an array parameter element by element, with checks
@@ -129,6 +129,26 @@ SELECT id, source, message_id, inserted, (SELECT count(*) FROM woken) AS notifie
 
 # A deadlock or serialization failure rolls back the whole batch; trying again is safe.
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+
+
+def lock_order(first: Mapping[tuple[str, str], tuple[_Entry, Message]]) -> list[tuple[str, str]]:
+    """A batch's keys (`first`: in the order the senders gave them) in the order they are
+    inserted: the order their unique-index entries are locked in, and their ids' order.
+
+    By source, ordering key and message id, as every batch sorts them, so that two batches
+    sharing keys wait for each other in one direction only; but one ordering key's messages
+    in the senders' order, since their ids are the order they run in, and a batch delivery
+    (Event Grid, CloudEvents) may list them in any id order. Two batches then lock one key's
+    messages in opposite orders only if senders gave them so; PostgreSQL detects that
+    deadlock and the batch it fails is written again (`_RETRYABLE`)."""
+    position = {key: n for n, key in enumerate(first)}
+
+    def place(key: tuple[str, str]) -> tuple[str, bool, str, int, str]:
+        ordering_key = first[key][1].ordering_key
+        keyed = ordering_key is not None
+        return (key[0], keyed, ordering_key or "", position[key] if keyed else 0, key[1])
+
+    return sorted(first, key=place)
 
 
 @dataclass(eq=False)
@@ -502,7 +522,7 @@ class GroupCommitter:
 
         rows: list[tuple[Any, ...]] = []
         bodies: list[bytes] = []
-        for key in sorted(first):
+        for key in lock_order(first):
             entry, message = first[key]
             trace_context = message.trace_context
             row: tuple[Any, ...] = (

@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from cloudevents.core.formats.json import JSONFormat
 
 from service.core.settings import ConfigError
 from service.processing.pipeline import resolve_pipelines
@@ -16,6 +17,7 @@ from service.sources.config_file import parse_inbox_config
 from tests.admin_seed import AUTH, TOKEN
 from tests.conftest import AppFactory
 from tests.processing_helpers import delivery, source, wait_until
+from tests.senders.cloudevents import event
 
 
 def ordered(key: str, *handlers: str, **extra: Any) -> dict[str, Any]:
@@ -122,3 +124,33 @@ def test_an_ordering_key_written_wrong_stops_start_up_naming_it(
     with pytest.raises(ConfigError) as raised:
         resolve_pipelines(parse_inbox_config(ordered(key, "tests.handlers:record", **extra)))
     assert str(raised.value).startswith(error), str(raised.value)
+
+
+async def test_one_batch_delivery_keeps_the_senders_order_within_each_key(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # A CloudEvents batch whose ids sort opposite to the order the sender put them in, two
+    # keys (the events' `source`) interleaved, and a key of one event.
+    fmt = JSONFormat()
+    sent = [("/a", "e-9"), ("/b", "e-8"), ("/a", "e-5"), ("/b", "e-4"), ("/a", "e-1")]
+    events = [event(event_id, source=key) for key, event_id in sent]
+    events.append(event("e-0", source="/c"))
+    body = b"[" + b",".join(fmt.write(e) for e in events) + b"]"
+    ce = {"kind": "cloudevents", "handlers": ["tests.handlers:record"], "ordering_key": "/source"}
+    async with worker_for({"sources": {"ce": ce}}) as client:
+        answer = await client.post(
+            "/webhooks/ce",
+            content=body,
+            headers={"content-type": "application/cloudevents-batch+json"},
+        )
+        assert answer.status_code == 200, answer.text
+        await wait_until(db, "SELECT count(*) FROM effects", len(events))
+    stored = await db.fetch("SELECT message_id, ordering_key FROM inbox_messages ORDER BY id")
+    by_key: dict[str, list[str]] = {}
+    for row in stored:
+        by_key.setdefault(row["ordering_key"], []).append(json.loads(row["message_id"])[1])
+    assert by_key == {"/a": ["e-9", "e-5", "e-1"], "/b": ["e-8", "e-4"], "/c": ["e-0"]}
+    effects = await db.fetch("SELECT message_id FROM effects ORDER BY id")
+    applied = [tuple(json.loads(r["message_id"])) for r in effects]
+    for key, ids in by_key.items():
+        assert [i for k, i in applied if k == key] == ids  # run in the sender's order

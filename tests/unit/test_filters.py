@@ -1,6 +1,6 @@
-"""Payload filters on handler entries: which handlers each message reaches, by event type and
-body; a filter naming a field the body lacks matches nothing and never raises; a filter
-written wrong stops start-up with one line naming its key."""
+"""Payload filters on handler entries and destinations: which handlers each message reaches, by
+event type and body; a comparison on a field the body lacks is false (`exists = false` true)
+and never raises; a filter written wrong stops start-up with one line naming its key."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from service.core.settings import ConfigError
 from service.processing.pipeline import Pipeline, resolve_pipelines
 from service.sources.config_file import parse_inbox_config
 from service.sources.filters import MISSING, PayloadFilter, json_contains
-from tests.processing_helpers import config
+from tests.processing_helpers import config, source
 
 ROUTES: list[dict[str, Any]] = [
     {  # euro charges
@@ -127,6 +127,25 @@ def test_a_filter_on_fields_no_body_has_never_raises() -> None:
         payload = PayloadFilter.model_validate({"contains": {"a": [{}]}, "where": [condition]})
         for body in bodies:
             assert payload.matches(body) in (True, False)
+
+
+def test_exists_false_matches_a_body_without_the_field_and_no_body_that_is_not_json() -> None:
+    # As docs/routing.md and docs/handlers.md ("Filtering by payload") say.
+    raw = {"where": [{"pointer": "/data/gone", "exists": False}]}
+    unset = PayloadFilter.model_validate(raw)
+    assert unset.matches({"data": {}})
+    assert unset.matches({"data": "a string"})  # nothing to point into
+    assert unset.matches({})
+    assert not unset.matches({"data": {"gone": None}})  # null is there
+    assert not unset.matches(MISSING)  # not JSON: no filter passes
+    fresh = {"handlers": ["tests.handlers:record"], "payload": raw}
+    inbox = parse_inbox_config({"sources": {"hooks": source(destinations={"fresh": fresh})}})
+    pipeline = resolve_pipelines(inbox)["hooks"]
+    assert [r.destination.name for r in pipeline.runs_for_message("x", b'{"data": {}}')] == [
+        "fresh"
+    ]
+    assert pipeline.runs_for_message("x", b'{"data": {"gone": 1}}') == ()
+    assert pipeline.runs_for_message("x", b"gone=1") == ()
 
 
 def test_containment_of_a_scalar_in_a_top_level_array_only() -> None:

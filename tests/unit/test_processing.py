@@ -6,12 +6,13 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service import InboxMessage, PermanentFailure, RetryLater
 from service.cli import main
 from service.core.settings import ConfigError
-from service.processing.forward import parse_retry_after
+from service.processing.forward import deferral_seconds, parse_retry_after
 from service.processing.pipeline import resolve_pipelines
 from service.processing.policy import backoff_delay, classify_failure
 from service.sources.config import SourceConfig
@@ -56,6 +57,20 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert parse_retry_after(format_datetime(now - timedelta(seconds=90), usegmt=True), now) == 0
     assert parse_retry_after("soon") is None
     assert parse_retry_after(None) is None
+
+
+def test_only_a_429_or_503_with_a_valid_retry_after_defers_within_a_second_and_an_hour() -> None:
+    def answer(status: int, retry_after: str | None) -> httpx.Response:
+        return httpx.Response(status, headers={"retry-after": retry_after} if retry_after else {})
+
+    assert deferral_seconds(answer(429, "30")) == 30
+    assert deferral_seconds(answer(503, "30")) == 30
+    assert deferral_seconds(answer(429, "0")) == 1  # never a loop of calls
+    assert deferral_seconds(answer(503, "86400")) == 3600  # asked again within the hour
+    assert deferral_seconds(answer(429, None)) is None
+    assert deferral_seconds(answer(503, "soon")) is None
+    assert deferral_seconds(answer(500, "30")) is None
+    assert deferral_seconds(answer(408, "30")) is None
 
 
 def test_payload_is_parsed_json_or_none() -> None:
