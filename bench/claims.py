@@ -44,15 +44,10 @@ from service.core.db import asyncpg_dsn, create_engine
 from service.core.migrations import upgrade
 from service.core.settings import Settings
 from service.core.status import Status
-from service.store.claims import (
-    CLAIM_BEGIN,
-    FINISH_ATTEMPTS,
-    HOLD_CLAIMED,
-    RECORD_CLAIMS,
-    AttemptResult,
-    outcomes_document,
-)
+from service.store.attempts import FINISH_ATTEMPTS, outcomes_document
+from service.store.claims import CLAIM_BEGIN, HOLD_CLAIMED, RECORD_CLAIMS
 from service.store.due import CLAIM_DUE, LOCK_DUE
+from service.store.results import AttemptResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

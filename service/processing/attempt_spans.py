@@ -7,7 +7,7 @@ from collections.abc import Awaitable
 
 from service.core import tracing
 from service.processing.pipeline import Pipeline
-from service.store.claims import AttemptResult, MessageRow
+from service.store.results import AttemptResult, MessageRow
 
 
 def handler_names(pipeline: Pipeline, event_type: str | None) -> list[str]:

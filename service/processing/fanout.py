@@ -30,13 +30,9 @@ from service.processing.runner import (
     log_failure,
     undo_handlers,
 )
-from service.store.claims import (
-    AttemptResult,
-    DestinationResult,
-    MessageRow,
-    MessageSavepoints,
-    last_error_line,
-)
+from service.store.attempts import last_error_line
+from service.store.results import AttemptResult, DestinationResult, MessageRow
+from service.store.savepoints import MessageSavepoints
 
 # The destination statuses after which a destination does not run again unless an operator
 # retries or replays it.

@@ -15,7 +15,7 @@ from service.processing.attempt_spans import describe
 from service.processing.pipeline import Destination
 from service.processing.policy import Failure, dead_failure, failed_attempt, retry_failure
 from service.sources.config import SourceConfig
-from service.store.claims import AttemptResult, MessageRow
+from service.store.results import AttemptResult, MessageRow
 
 log = logging.getLogger("service.forward")
 

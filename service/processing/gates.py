@@ -24,8 +24,8 @@ from service.core import flow as rules
 from service.core.schema import Status
 from service.processing.pipeline import Destination, Pipeline
 from service.store import flow
-from service.store.claims import AttemptResult, MessageRow
 from service.store.flow import gate_key
+from service.store.results import AttemptResult, MessageRow
 
 # Failures that say the endpoint is down, not that it refused the message: they count
 # towards opening its circuit.

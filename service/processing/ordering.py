@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 
 from service.core.schema import Status
-from service.store.claims import AttemptResult, MessageRow
+from service.store.results import AttemptResult, MessageRow
 
 DEFERRED = "deferred"
 BEHIND = "an earlier message of its ordering key did not succeed in the same batch"

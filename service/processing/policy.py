@@ -13,7 +13,7 @@ from service.core.schema import Status
 from service.processing import handler_api
 from service.processing.handler_api import PermanentFailure, RetryLater
 from service.sources.config import SourceConfig
-from service.store.claims import AttemptResult
+from service.store.results import AttemptResult
 
 MAX_ERROR_CHARS = 2_000
 MAX_TRACEBACK_CHARS = 8_000

@@ -24,12 +24,8 @@ from service.processing.handler_api import (
 )
 from service.processing.pipeline import Pipeline
 from service.processing.policy import Failure, classify_failure, failed_attempt
-from service.store.claims import (
-    AttemptResult,
-    MessageRow,
-    MessageSavepoints,
-    message_savepoints,
-)
+from service.store.results import AttemptResult, MessageRow
+from service.store.savepoints import MessageSavepoints, message_savepoints
 
 log = logging.getLogger("service.processing")
 

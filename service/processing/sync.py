@@ -13,7 +13,8 @@ from service.processing.handler_api import RetryLater
 from service.processing.pipeline import Pipeline
 from service.processing.runner import handler_scope, run_handlers
 from service.sources.base import Message, Recorded
-from service.store.claims import MessageRow, finish_attempts
+from service.store.attempts import finish_attempts
+from service.store.results import MessageRow
 from service.store.sync_ingest import ingest_transaction, insert_messages
 
 SYNC_ACTOR = f"sync:{socket.gethostname()}:{os.getpid()}"

@@ -1,18 +1,16 @@
-"""The worker's SQL: claim due messages (each claim a lease), record attempts, reap claims."""
+"""The worker's claims: lease or lock due messages (`store.due` builds the statements), hold
+a batch's rows, count a batch's attempts before its handlers run, and find expired claims."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 import asyncpg
-import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.core.schema import DUE, Status
+from service.core.schema import Status
 from service.store.due import (
     ALONE_DUE_SQL,
     CLAIM_ALONE,
@@ -23,197 +21,8 @@ from service.store.due import (
     LOCK_KEYED,
 )
 from service.store.errors import translate_errors
-
-
-# MessageRow and AttemptResult are made for every message run: slotted, not frozen, since a
-# frozen dataclass sets each field through object.__setattr__ (service/sources/base.py).
-@dataclass(slots=True)
-class MessageRow:
-    """A message as the worker (or sync ingest) runs it; `attempts` = attempts made before,
-    `budget_start` = attempts made before its current attempt budget began (an admin retry)."""
-
-    id: int
-    source: str
-    message_id: str
-    event_type: str | None
-    attempts: int
-    headers: dict[str, str]
-    body: bytes
-    content_type: str | None
-    # The delivery span's W3C trace context, for the attempt's span (None: none stored).
-    trace_context: Mapping[str, str] | None = None
-    budget_start: int = 0
-    # Of a source with named destinations: each destination that has run for the message,
-    # and its status (`load_destinations`); empty when none has.
-    destinations: dict[str, str] | None = None
-    # Its source's ordering key's value (None: it has none), and its status when claimed
-    # (what it returns to when its run is deferred, `processing.ordering`).
-    ordering_key: str | None = None
-    status: Status = Status.PENDING
-
-
-@dataclass(slots=True)
-class DestinationResult:
-    """How one named destination's part of an attempt ended."""
-
-    name: str
-    status: Status  # processed, retrying or dead
-    outcome: str
-    started_at: datetime
-    finished_at: datetime
-    error_type: str | None = None
-    error: str | None = None
-    traceback: str | None = None
-    delay_seconds: float | None = None  # retrying: when this destination would run next
-    # It did not run: its rate limit or circuit breaker held it (`processing.gates`). It
-    # stays pending (or retrying), no attempt spent, due again after `delay_seconds`.
-    deferred: bool = False
-    # Deferred by the endpoint's own answer (a 429 or 503 with `Retry-After`,
-    # `processing.forward`), not by a gate: the answer is its error, shown as last_error.
-    retry_after: bool = False
-
-    @property
-    def duration_ms(self) -> float:
-        return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
-
-
-@dataclass(slots=True)
-class AttemptResult:
-    """How one attempt ended, to be written to the message row and inbox_attempts."""
-
-    id: int
-    attempt: int
-    status: Status  # processed, retrying or dead
-    outcome: str  # inbox_attempts.outcome
-    started_at: datetime
-    finished_at: datetime
-    delay_seconds: float | None = None
-    error_type: str | None = None
-    error: str | None = None
-    traceback: str | None = None
-    # The attempt never finished (its claim expired): the message's next attempt runs alone.
-    unfinished: bool = False
-    # Of a source with named destinations, each destination the attempt ran: recorded as an
-    # attempt each (`record_destinations`), instead of one of the whole message.
-    destinations: list[DestinationResult] | None = None
-    # Every destination due was deferred: nothing ran, and the attempt counted when the
-    # message was claimed is given back.
-    deferred: bool = False
-    # Deferred by the endpoint's `Retry-After`: unlike a gate's or its key's deferral, it
-    # replaces the message's last_error, so that an operator sees why the message waits.
-    retry_after: bool = False
-
-    @property
-    def duration_ms(self) -> float:
-        return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
-
-
-SAVEPOINT = "inbox_message"
-# A cancel request for another backend: a no-op if it is idle, else its statement fails.
-CANCEL_BACKEND = text("SELECT pg_cancel_backend(:pid)")
-
-
-class MessageSavepoints:
-    """One SAVEPOINT per message, issued on the driver's connection under one fixed name.
-
-    SQLAlchemy's nested transactions name each savepoint afresh (sa_savepoint_1, _2, ...) and
-    send SAVEPOINT and RELEASE as prepared statements: two round trips per message, plus a
-    Parse of each new name, and a batch's 200 names flush the connection's statement cache
-    (the handlers' own statements with them). Here they are plain simple-query commands, and
-    a message's RELEASE (or ROLLBACK TO) waits to share a round trip with the next message's
-    SAVEPOINT or with `flush()`: one round trip per message instead of four or more.
-    """
-
-    def __init__(self, driver: asyncpg.Connection, engine: AsyncEngine) -> None:
-        self._driver = driver
-        self._engine = engine
-        self._pending = ""
-        self._timeout_set = False
-        self._limit_ms: int | None = None  # set by limit_statements, for the transaction
-
-    @property
-    def driver(self) -> asyncpg.Connection:
-        """The driver connection of the batch's transaction, for statements of the inbox's own
-        (`StagedRows.write`): send `flush()` first if a release or rollback may be pending."""
-        return self._driver
-
-    async def begin(self, statement_timeout_ms: int | None = None) -> None:
-        """Open the next message's savepoint (ending the previous one's in the same trip).
-
-        `statement_timeout_ms` bounds each of the message's statements on the server, so a
-        handler stuck in one (a lock wait, `pg_sleep`) is cancelled there, not only abandoned
-        by its client; a ROLLBACK TO the savepoint undoes the setting with the rest.
-        """
-        if not self._driver.is_in_transaction():
-            raise RuntimeError("a message savepoint needs the batch's transaction to have begun")
-        command = self._pending + f"SAVEPOINT {SAVEPOINT}"
-        if statement_timeout_ms is not None:
-            command += f"; SET LOCAL statement_timeout = {int(statement_timeout_ms)}"
-            self._timeout_set = True
-        self._pending = ""
-        await self._driver.execute(command)
-
-    async def limit_statements(self, statement_timeout_ms: int) -> None:
-        """Without a savepoint (an optimistic batch, which a failure rolls back whole): bound
-        the transaction's statements, sending the setting only when it changes."""
-        if self._limit_ms == statement_timeout_ms:
-            return
-        command = self._pending + f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}"
-        self._pending = ""
-        await self._driver.execute(command)
-        self._limit_ms = statement_timeout_ms
-
-    def defer(self, command: str) -> None:
-        """Send `command` (a fixed one) with the next trip, before anything a handler sends."""
-        self._pending += f"{command}; "
-
-    def release(self) -> None:
-        """Keep the message's effects (sent with the next begin or flush)."""
-        self._pending = f"RELEASE SAVEPOINT {SAVEPOINT}; "
-
-    def rollback(self) -> None:
-        """Undo the message's effects (sent with the next begin or flush). Until then nothing
-        else may run on the connection: an aborted transaction refuses every other statement.
-        """
-        self._pending = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}; "
-
-    async def cancel_statement(self) -> None:
-        """Cancel the statement running on this connection, if one is, from another connection
-        (the server answers it with an error; the transaction survives to its savepoint)."""
-        async with translate_errors(), self._engine.connect() as other:
-            await other.execute(CANCEL_BACKEND, {"pid": self._driver.get_server_pid()})
-
-    async def flush(self) -> None:
-        """Send a pending release or rollback now (before the batch's own statements), and
-        lift the last message's statement timeout off them."""
-        command, self._pending = self._pending, ""
-        if self._timeout_set or self._limit_ms is not None:
-            command += "SET LOCAL statement_timeout TO DEFAULT"
-            self._timeout_set = False
-            self._limit_ms = None
-        if command:
-            await self._driver.execute(command)
-
-
-async def _driver(conn: AsyncConnection) -> asyncpg.Connection:
-    """The asyncpg connection under `conn`, for statements SQLAlchemy need not process."""
-    raw = await conn.get_raw_connection()
-    driver = raw.driver_connection
-    assert isinstance(driver, asyncpg.Connection)
-    return driver
-
-
-async def message_savepoints(conn: AsyncConnection) -> MessageSavepoints:
-    """Savepoints on `conn`'s driver connection; its transaction must have begun already."""
-    return MessageSavepoints(await _driver(conn), conn.engine)
-
-
-@asynccontextmanager
-async def batch_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A transaction committed when the block exits normally, rolled back otherwise."""
-    async with translate_errors(), engine.connect() as conn, conn.begin():
-        yield conn
-
+from service.store.results import MessageRow
+from service.store.savepoints import driver_of, driver_transaction
 
 # The claim's plan must not depend on statistics. A backlog the planner has not seen yet (a
 # fresh table; a burst from a source that was rare when the table was last analyzed, as after
@@ -268,24 +77,6 @@ async def claim_due(
                 CLAIM_ALONE if alone else CLAIM_DUE, names, seconds, limit - len(records)
             )
     return sorted((message_row(r) for r in records), key=lambda row: row.id)
-
-
-@asynccontextmanager
-async def driver_transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[asyncpg.Connection]:
-    """A transaction on a pooled connection's driver, opened by `begin` (BEGIN and whatever
-    settings go with it, in one trip) and committed when the block exits normally."""
-    async with translate_errors(), engine.connect() as conn:
-        driver = await _driver(conn)
-        # SQLAlchemy has sent nothing on `conn`: this transaction is the driver's alone.
-        try:
-            await driver.execute(begin)
-            yield driver
-            await driver.execute("COMMIT")
-        except BaseException:
-            # Where the transaction stands is unknown (a statement failed, or this task was
-            # cancelled mid-trip): the connection must not go back to the pool with it open.
-            await conn.invalidate()
-            raise
 
 
 def message_row(r: asyncpg.Record) -> MessageRow:
@@ -395,7 +186,7 @@ async def lock_due(
     runs a statement in the transaction.
     """
     await conn.execute(NO_SORTS)
-    driver = await _driver(conn)
+    driver = await driver_of(conn)
     ordered, share = keyed_share(sources, keyed, limit)
     records = await driver.fetch(LOCK_KEYED, ordered, share) if ordered else []
     if len(records) < limit:
@@ -427,7 +218,7 @@ async def record_claims(
     if not rows:
         return
     async with translate_errors(), engine.connect() as conn:
-        driver = await _driver(conn)
+        driver = await driver_of(conn)
         await driver.execute(
             RECORD_CLAIMS,
             [r.id for r in rows],
@@ -475,274 +266,13 @@ ALONE_DUE = text(ALONE_DUE_SQL)
 async def keyed_sources(engine: AsyncEngine, sources: Sequence[str]) -> set[str]:
     """Those of `sources` that hold unfinished messages with an ordering key."""
     async with translate_errors(), engine.connect() as conn:
-        driver = await _driver(conn)
+        driver = await driver_of(conn)
         return {r[0] for r in await driver.fetch(KEYED_SOURCES, list(sources))}
 
 
 async def alone_due(engine: AsyncEngine, sources: Sequence[str]) -> bool:
     async with translate_errors(), engine.connect() as conn:
         return bool((await conn.execute(ALONE_DUE, {"sources": list(sources)})).scalar())
-
-
-# One round trip records a whole batch: the status update, the attempt rows, and the release of
-# the batch's claims (inbox_claims, for the messages claimed by `lock_due`). The update is
-# fenced on the attempts count and status the caller saw, so the outcome of a lease that expired
-# and was claimed again by someone else is dropped instead of overwriting the newer attempt.
-# An attempt that finished clears `run_alone`; one reaped unfinished sets it. A deferred one
-# (a rate limit, a breaker or its ordering key held it: it did not run; or the endpoint's
-# Retry-After asked it to wait) gives its attempt back and writes no attempt row; it keeps its
-# last error unless the endpoint's answer is the reason it waits (`keeps_error` false). The outcomes
-# travel as one JSON document ($1), not as fourteen arrays: asyncpg checks every array element
-# against three abstract base classes, which made recording 100 outcomes cost the worker about
-# 20 us a message against 8. The rows are found by id (BY_ID_STATUS).
-FINISH_ATTEMPTS = f"""
-    WITH u AS (
-        SELECT *
-          FROM json_to_recordset($1::json) AS u(
-                   id bigint, status text, attempt int, expected int, delay float8,
-                   last_error text, unfinished boolean, started_at timestamptz,
-                   finished_at timestamptz, outcome text, error_type text, error text,
-                   traceback text, duration_ms float8, per_destination boolean,
-                   deferred boolean, keeps_error boolean)
-    ), finished AS (
-        UPDATE inbox_messages AS m
-           SET status = u.status,
-               attempts = u.attempt,
-               next_attempt_at = CASE WHEN u.status = 'retrying' OR u.deferred
-                                      THEN clock_timestamp() + u.delay * interval '1 second'
-                                      ELSE m.next_attempt_at END,
-               processed_at = CASE WHEN u.status = 'processed' THEN clock_timestamp() END,
-               locked_until = NULL,
-               last_error = CASE WHEN u.keeps_error THEN m.last_error ELSE u.last_error END,
-               run_alone = u.unfinished
-          FROM u
-         WHERE m.id = u.id
-           AND m.attempts = u.expected
-           AND {BY_ID_STATUS} = ANY($2::text[])
-     RETURNING m.id, u.attempt, u.started_at, u.finished_at, u.outcome, u.error_type,
-               u.error, u.traceback, u.duration_ms, u.per_destination, u.deferred
-    ), released AS (
-        DELETE FROM inbox_claims AS c USING finished WHERE c.message_id = finished.id
-    ), recorded AS (
-        INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
-                                    error_type, error, traceback, duration_ms, actor)
-        SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
-               duration_ms, $3
-          FROM finished
-         WHERE per_destination IS NOT TRUE AND NOT deferred
-    )
-    SELECT id FROM finished
-"""  # noqa: S608 - a fixed expression, no input
-
-# Each named destination an attempt ran, for the messages FINISH_ATTEMPTS updated ($2): its
-# row's status and attempts, and an attempt row naming it. In the batch's transaction, so a
-# destination's processed mark commits with its effects. A deferred destination (its rate
-# limit or breaker held it) did not run: its row is made pending if it has none, so that the
-# message runs it when it comes due again, and it keeps its status and attempts otherwise; it
-# gets no attempt row.
-RECORD_DESTINATIONS = """
-    WITH v AS (
-        SELECT *
-          FROM json_to_recordset($1::json) AS v(
-                   id bigint, attempt int, source text, destination text, status text,
-                   last_error text, started_at timestamptz, finished_at timestamptz,
-                   outcome text, error_type text, error text, traceback text,
-                   duration_ms float8, deferred boolean)
-         WHERE v.id = ANY($2::bigint[])
-    ), marked AS (
-        INSERT INTO inbox_destinations AS d (message_id, destination, source, status,
-                                             attempts, last_error, updated_at, processed_at)
-        SELECT id, destination, source, status, CASE WHEN deferred THEN 0 ELSE 1 END,
-               last_error, clock_timestamp(),
-               CASE WHEN status = 'processed' THEN clock_timestamp() END
-          FROM v
-            ON CONFLICT (message_id, destination) DO UPDATE
-           SET status = CASE WHEN excluded.attempts = 0 THEN d.status ELSE excluded.status END,
-               attempts = d.attempts + excluded.attempts,
-               last_error = CASE WHEN excluded.attempts = 0
-                                 THEN coalesce(d.last_error, excluded.last_error)
-                                 ELSE excluded.last_error END,
-               updated_at = excluded.updated_at,
-               processed_at = excluded.processed_at
-    )
-    INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
-                                error_type, error, traceback, duration_ms, actor, destination)
-    SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
-           duration_ms, $3, destination
-      FROM v
-     WHERE NOT v.deferred
-"""
-
-# Where each of a batch's messages stands with the destinations that have run for it.
-LOAD_DESTINATIONS = """
-    SELECT message_id, destination, status
-      FROM inbox_destinations
-     WHERE message_id = ANY($1::bigint[])
-"""
-
-UNLEASED = [status.value for status in DUE]
-LEASED = [Status.PROCESSING.value]
-
-
-def outcomes_document(results: Sequence[AttemptResult], leased: bool) -> str:
-    """`results` as FINISH_ATTEMPTS reads them. `leased`: their attempts were counted when the
-    rows were claimed; otherwise (rows inserted by this transaction, or locked by `lock_due`)
-    each counts now."""
-    return orjson.dumps([_outcome(r, leased) for r in results]).decode()
-
-
-def _outcome(r: AttemptResult, leased: bool) -> dict[str, object]:
-    error_type, error = storable(r.error_type), storable(r.error)
-    return {
-        "id": r.id,
-        "status": r.status,
-        "attempt": r.attempt - 1 if r.deferred else r.attempt,
-        "expected": r.attempt if leased else r.attempt - 1,
-        "deferred": r.deferred,
-        "keeps_error": r.deferred and not r.retry_after,
-        "delay": r.delay_seconds,
-        "last_error": None if r.status == Status.PROCESSED else last_error_line(error_type, error),
-        "unfinished": r.unfinished,
-        "started_at": r.started_at,
-        "finished_at": r.finished_at,
-        "outcome": r.outcome,
-        "error_type": error_type,
-        "error": error,
-        "traceback": storable(r.traceback),
-        "duration_ms": r.duration_ms,
-        "per_destination": r.destinations is not None,
-    }
-
-
-def destinations_document(results: Sequence[AttemptResult], sources: Mapping[int, str]) -> str:
-    """The destinations of `results` as RECORD_DESTINATIONS reads them."""
-    return orjson.dumps(
-        [
-            {
-                "id": r.id,
-                "attempt": r.attempt,
-                "source": sources[r.id],
-                "destination": d.name,
-                "status": d.status,
-                "last_error": None
-                if d.status == Status.PROCESSED
-                else last_error_line(storable(d.error_type), storable(d.error)),
-                "started_at": d.started_at,
-                "finished_at": d.finished_at,
-                "outcome": d.outcome,
-                "error_type": storable(d.error_type),
-                "error": storable(d.error),
-                "traceback": storable(d.traceback),
-                "duration_ms": d.duration_ms,
-                "deferred": d.deferred,
-            }
-            for r in results
-            for d in r.destinations or ()
-        ]
-    ).decode()
-
-
-async def _finish(
-    driver: asyncpg.Connection,
-    results: Sequence[AttemptResult],
-    actor: str,
-    leased: bool,
-    sources: Mapping[int, str] | None = None,
-) -> set[int]:
-    rows = await driver.fetch(
-        FINISH_ATTEMPTS, outcomes_document(results, leased), LEASED if leased else UNLEASED, actor
-    )
-    finished = {row[0] for row in rows}
-    fanned = [r for r in results if r.destinations and r.id in finished]
-    if fanned:
-        if sources is None:
-            raise RuntimeError("recording destinations needs each message's source")
-        await driver.execute(
-            RECORD_DESTINATIONS, destinations_document(fanned, sources), list(finished), actor
-        )
-    return finished
-
-
-async def load_destinations(conn: AsyncConnection, rows: Sequence[MessageRow]) -> None:
-    """Set each row's `destinations`: the named destinations that have run for it, and where
-    each stands. In the batch's transaction, which holds the rows locked."""
-    if not rows:
-        return
-    states: dict[int, dict[str, str]] = {row.id: {} for row in rows}
-    driver = await _driver(conn)
-    for record in await driver.fetch(LOAD_DESTINATIONS, list(states)):
-        states[record[0]][record[1]] = record[2]
-    for row in rows:
-        row.destinations = states[row.id]
-
-
-async def finish_attempts(
-    conn: AsyncConnection,
-    results: Sequence[AttemptResult],
-    actor: str,
-    *,
-    leased: bool = False,
-    savepoints: MessageSavepoints | None = None,
-    sources: Mapping[int, str] | None = None,
-) -> set[int]:
-    """Write `results` in `conn`'s transaction; the ids actually updated (a lost lease is left
-    out). The transaction must have begun on the server (a statement ran in it already): the
-    statement goes to the driver connection, which SQLAlchemy has not told of a lazy BEGIN.
-
-    `leased`: the attempts were counted on the rows when they were claimed (`claim_due`);
-    otherwise the rows were inserted by this transaction (sync mode) or locked by it
-    (`lock_due`, their attempts counted as claims), and the attempt counts now.
-    `savepoints`: the batch's, whose pending commands are sent first, in the same round trip
-    as BY_ID_PLANS (which stays set: the transaction must end after this). `sources`: each
-    message's source, by id, needed when a result names destinations.
-    """
-    if savepoints is not None:
-        savepoints.defer(BY_ID_PLANS)
-        await savepoints.flush()
-    driver = await _driver(conn)
-    if not driver.is_in_transaction():
-        raise RuntimeError("finish_attempts needs its transaction to have begun")
-    if not results:
-        return set()
-    if savepoints is None:
-        await driver.execute(BY_ID_PLANS)
-    return await _finish(driver, results, actor, leased, sources)
-
-
-def storable(text: str | None) -> str | None:
-    """`text` as PostgreSQL's text can hold it: a NUL written out as `\\x00`, as repr() does,
-    and a lone surrogate (which is not UTF-8) as its escape.
-
-    An error message can carry either from a delivery's payload (`ValueError(payload["x"])`),
-    and the server refuses the whole statement for it: every attempt of the batch would fail
-    to be recorded, again on each retry.
-    """
-    if text is None:
-        return None
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode()
-    return text
-
-
-def last_error_line(error_type: str | None, error: str | None) -> str | None:
-    """The message row's `last_error`: the error's type and message in one line."""
-    if error_type is None:
-        return error
-    return f"{error_type}: {error}" if error else error_type
-
-
-async def record_results(
-    engine: AsyncEngine, results: Sequence[AttemptResult], actor: str, *, leased: bool
-) -> set[int]:
-    """`finish_attempts` in a transaction of its own."""
-    if not results:
-        return set()
-    async with driver_transaction(engine, f"BEGIN; {BY_ID_PLANS}") as driver:
-        return await _finish(driver, results, actor, leased)
 
 
 # Leases whose holder is gone (killed, partitioned, or just too slow): SKIP LOCKED so that
@@ -806,10 +336,3 @@ async def expired_claims_of_other_sources(
     rows = await conn.execute(EXPIRED_CLAIMS, {"sources": list(sources), "limit": limit})
     # The claimed attempt is not counted on the row yet: it is the one after `attempts`.
     return [ExpiredLease(r.id, r.source, r.attempts + 1, r.budget_start) for r in rows]
-
-
-@asynccontextmanager
-async def short_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A transaction for bookkeeping only (no handler runs in it)."""
-    async with translate_errors(), engine.begin() as conn:
-        yield conn

@@ -12,7 +12,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store.claims import short_transaction
+from service.store.savepoints import short_transaction
 
 # One statement: lock the rows that have receipts and that no batch holds (SKIP LOCKED: a
 # batch running its handlers keeps its rows, and their receipts wait for the next poll),

@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import LargeBinary
 
 from service.sources.base import Message, Recorded
-from service.store.claims import MessageRow
 from service.store.errors import is_refusal, refused, translate_errors
+from service.store.results import MessageRow
 
 # A conflict on (source, message_id) means the message is already recorded: do nothing, so a
 # redelivery never touches the first delivery's body, headers or status.

@@ -10,7 +10,8 @@ from service.core.metrics import Metrics
 from service.core.settings import Settings
 from service.processing.pipeline import Pipeline
 from service.sources.config_file import InboxConfig
-from service.worker.worker import Worker, WorkerOptions
+from service.worker.base import WorkerOptions
+from service.worker.worker import Worker
 
 
 async def run_worker(

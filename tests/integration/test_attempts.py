@@ -12,14 +12,9 @@ from service.core.db import create_engine
 from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import parse_inbox_config
-from service.store.claims import (
-    SHOWN_STATUS,
-    claim_due,
-    hold_claimed,
-    lock_due,
-    record_claims,
-)
-from service.worker.worker import Worker, WorkerOptions
+from service.store.claims import SHOWN_STATUS, claim_due, hold_claimed, lock_due, record_claims
+from service.worker.base import WorkerOptions
+from service.worker.worker import Worker
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
     attempts_of,

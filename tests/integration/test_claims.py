@@ -19,27 +19,28 @@ from service.core.db import create_engine
 from service.core.settings import Settings
 from service.core.status import Status
 from service.store.admin import MessageFilter, list_messages
+from service.store.attempts import (
+    FINISH_ATTEMPTS,
+    LEASED,
+    finish_attempts,
+    outcomes_document,
+    record_results,
+)
 from service.store.claims import (
     ALONE_DUE,
     BY_ID_STATUS,
     CLAIM_BEGIN,
     EXPIRED_LEASES,
-    FINISH_ATTEMPTS,
     HOLD_CLAIMED,
-    LEASED,
     NO_SORTS,
-    AttemptResult,
-    MessageRow,
-    _driver,
     claim_due,
     expired_leases,
-    finish_attempts,
     hold_claimed,
     lock_due,
-    outcomes_document,
-    record_results,
 )
 from service.store.due import CLAIM_ALONE, CLAIM_DUE, LOCK_DUE
+from service.store.results import AttemptResult, MessageRow
+from service.store.savepoints import driver_of
 
 BACKLOG = 20_000
 CLAIM_ARGS = (["burst"], [30.0], 100)  # sources, leases, limit
@@ -394,7 +395,7 @@ async def finish_unguided(engine: AsyncEngine, rows: list[MessageRow]) -> None:
     """The finish as it was sent before, without BY_ID_PLANS (a statement of its own on the
     connection, which a comment makes it)."""
     async with engine.begin() as conn:
-        driver = await _driver(conn)
+        driver = await driver_of(conn)
         await driver.fetch(UNGUIDED, outcomes_document(processed(rows), True), LEASED, "t")
 
 

@@ -15,8 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.db import create_engine
 from service.core.settings import Settings
-from service.store.claims import CLAIM_BEGIN, batch_transaction, claim_due, lock_due
+from service.store.claims import CLAIM_BEGIN, claim_due, lock_due
 from service.store.due import LOCK_KEYED
+from service.store.savepoints import batch_transaction
 from tests.integration.test_claims import index_entries_read, nodes, read_since
 
 FILL = """

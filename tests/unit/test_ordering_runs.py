@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from service.core.status import Status
 from service.processing.ordering import BEHIND, Stopped, behind, run_in_order, runs
-from service.store.claims import AttemptResult, MessageRow
+from service.store.results import AttemptResult, MessageRow
 
 
 def row(id_: int, key: str | None, status: Status = Status.PENDING) -> MessageRow:

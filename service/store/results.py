@@ -1,0 +1,93 @@
+"""What a claimed message is run with, and how its attempt ended: the rows the worker (or
+sync ingest) runs and the results the store records (`store.attempts`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from service.core.status import Status
+
+
+# MessageRow and AttemptResult are made for every message run: slotted, not frozen, since a
+# frozen dataclass sets each field through object.__setattr__ (service/sources/base.py).
+@dataclass(slots=True)
+class MessageRow:
+    """A message as the worker (or sync ingest) runs it; `attempts` = attempts made before,
+    `budget_start` = attempts made before its current attempt budget began (an admin retry)."""
+
+    id: int
+    source: str
+    message_id: str
+    event_type: str | None
+    attempts: int
+    headers: dict[str, str]
+    body: bytes
+    content_type: str | None
+    # The delivery span's W3C trace context, for the attempt's span (None: none stored).
+    trace_context: Mapping[str, str] | None = None
+    budget_start: int = 0
+    # Of a source with named destinations: each destination that has run for the message,
+    # and its status (`load_destinations`); empty when none has.
+    destinations: dict[str, str] | None = None
+    # Its source's ordering key's value (None: it has none), and its status when claimed
+    # (what it returns to when its run is deferred, `processing.ordering`).
+    ordering_key: str | None = None
+    status: Status = Status.PENDING
+
+
+@dataclass(slots=True)
+class DestinationResult:
+    """How one named destination's part of an attempt ended."""
+
+    name: str
+    status: Status  # processed, retrying or dead
+    outcome: str
+    started_at: datetime
+    finished_at: datetime
+    error_type: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    delay_seconds: float | None = None  # retrying: when this destination would run next
+    # It did not run: its rate limit or circuit breaker held it (`processing.gates`). It
+    # stays pending (or retrying), no attempt spent, due again after `delay_seconds`.
+    deferred: bool = False
+    # Deferred by the endpoint's own answer (a 429 or 503 with `Retry-After`,
+    # `processing.forward`), not by a gate: the answer is its error, shown as last_error.
+    retry_after: bool = False
+
+    @property
+    def duration_ms(self) -> float:
+        return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
+
+
+@dataclass(slots=True)
+class AttemptResult:
+    """How one attempt ended, to be written to the message row and inbox_attempts."""
+
+    id: int
+    attempt: int
+    status: Status  # processed, retrying or dead
+    outcome: str  # inbox_attempts.outcome
+    started_at: datetime
+    finished_at: datetime
+    delay_seconds: float | None = None
+    error_type: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    # The attempt never finished (its claim expired): the message's next attempt runs alone.
+    unfinished: bool = False
+    # Of a source with named destinations, each destination the attempt ran: recorded as an
+    # attempt each (`record_destinations`), instead of one of the whole message.
+    destinations: list[DestinationResult] | None = None
+    # Every destination due was deferred: nothing ran, and the attempt counted when the
+    # message was claimed is given back.
+    deferred: bool = False
+    # Deferred by the endpoint's `Retry-After`: unlike a gate's or its key's deferral, it
+    # replaces the message's last_error, so that an operator sees why the message waits.
+    retry_after: bool = False
+
+    @property
+    def duration_ms(self) -> float:
+        return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
