@@ -16,6 +16,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     at: float
+    status: int = 200  # what it was answered (HANG: never)
 
 
 @dataclass
@@ -41,9 +42,11 @@ class ScriptedServer:
                     name, _, value = line.decode("latin-1").partition(":")
                     headers[name.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
-                self.requests.append(Received(headers, body, time.monotonic()))
+                received = Received(headers, body, time.monotonic())
+                self.requests.append(received)
                 self.arrived.set()
                 status, extra = self.script.pop(0) if self.script else (200, {})
+                received.status = status
                 if status == HANG:
                     await asyncio.Event().wait()
                 reply = b"ok" if status < 300 else b"scripted failure"
