@@ -18,6 +18,12 @@ Every side writes the same one-row effect and attempt row per message, with the 
 statements where it has them. Each drains the same backlog on one connection, in turn, for
 `--rounds`; the server's CPU is read from /proc around each drain (a local server only;
 otherwise the rates alone).
+
+- **keyed** (issue 63): the latency of the claim of keyed messages (`LOCK_KEYED`, and
+  `CLAIM_KEYED` for leases) from `--keys` keys x `--depth` messages, each claim in its own
+  transaction and its rows then finished, in two regimes: the statistics of an empty table
+  (ANALYZE before the fill, as after an outage) and fresh ones (ANALYZE after). Target: p99 at
+  most 10 ms, whatever the statistics.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ import asyncpg
 import psutil
 
 from bench.load import BODY_TEMPLATE
+from bench.ordering import INSERT as INSERT_KEYED
+from bench.ordering import STATISTICS
 from bench.pg import BenchPostgres
 from bench.process import INSERT_BACKLOG
 from service.core.db import asyncpg_dsn, create_engine
@@ -46,10 +54,11 @@ from service.core.settings import Settings
 from service.core.status import Status
 from service.store.attempts import FINISH_ATTEMPTS, outcomes_document
 from service.store.claims import CLAIM_BEGIN, HOLD_CLAIMED, RECORD_CLAIMS
-from service.store.due import CLAIM_DUE, LOCK_DUE
+from service.store.due import CLAIM_DUE, CLAIM_KEYED, LOCK_DUE, LOCK_KEYED
 from service.store.results import AttemptResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
+KEYED_P99_TARGET_MS = 10.0
 
 SCRATCH = """
 CREATE TABLE bench_effects (
@@ -111,6 +120,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=20_000, help="backlog size (20000)")
     parser.add_argument("--batch-size", type=int, default=100, help="messages a batch (100)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    parser.add_argument(
+        "--part",
+        choices=("all", "drains", "keyed"),
+        default="all",
+        help="the drains by way of claiming, the keyed claims' latency, or both (all)",
+    )
+    parser.add_argument("--keys", type=int, default=200, help="keyed: ordering keys (200)")
+    parser.add_argument("--depth", type=int, default=1000, help="keyed: messages a key (1000)")
+    parser.add_argument(
+        "--claims", type=int, default=200, help="keyed: claims timed per statement (200)"
+    )
     return parser.parse_args()
 
 
@@ -254,6 +274,114 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, list[dict[str
     return runs
 
 
+async def claim_keyed_locked(conn: asyncpg.Connection, batch: int) -> list[asyncpg.Record]:
+    """Python handlers' keyed claim: lock the key heads and their runs, unchanged."""
+    rows: list[asyncpg.Record] = await conn.fetch(LOCK_KEYED, ["bench"], batch)
+    return rows
+
+
+async def claim_keyed_leased(conn: asyncpg.Connection, batch: int) -> list[asyncpg.Record]:
+    """Forwards' keyed claim: lease the key heads and their runs (`processing`)."""
+    rows: list[asyncpg.Record] = await conn.fetch(CLAIM_KEYED, ["bench"], [30.0], batch)
+    return rows
+
+
+KEYED_SIDES = {"locked": claim_keyed_locked, "leased": claim_keyed_leased}
+
+
+async def fill_keyed(conn: asyncpg.Connection, args: argparse.Namespace, analyzed: str) -> None:
+    """`--keys` x `--depth` keyed messages, inside PostgreSQL, analyzed before the fill
+    (`empty`) or after it (`fresh`). Autovacuum is off for the table meanwhile (`measure_keyed`):
+    its ANALYZE would turn the one regime into the other mid-run."""
+    await conn.execute("TRUNCATE inbox_messages, inbox_claims, inbox_attempts")
+    if analyzed == "empty":
+        await conn.execute("ANALYZE inbox_messages")
+    await conn.execute(INSERT_KEYED, BODY_TEMPLATE, args.keys * args.depth, args.keys)
+    if analyzed == "fresh":
+        await conn.execute("ANALYZE inbox_messages")
+    await conn.execute("CHECKPOINT")
+
+
+async def keyed_plan(conn: asyncpg.Connection, batch: int) -> str:
+    """LOCK_KEYED's plan, without costs: the shape the planner chose."""
+    await conn.execute(CLAIM_BEGIN)
+    try:
+        rows = await conn.fetch(f"EXPLAIN (COSTS off) {LOCK_KEYED}", ["bench"], batch)
+        return "\n".join(r[0] for r in rows)
+    finally:
+        await conn.execute("ROLLBACK")
+
+
+async def time_keyed_claims(
+    conn: asyncpg.Connection, args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """Milliseconds of each keyed claim of `--batch-size`, `--claims` of each side taken in
+    turn, each in its own transaction (as the worker opens it, CLAIM_BEGIN); its rows are then
+    finished as processed, so the heads move on and the backlog stays near `--depth` deep."""
+    times: dict[str, list[float]] = {name: [] for name in KEYED_SIDES}
+    for _ in range(args.claims):
+        for name, claim in KEYED_SIDES.items():
+            leased = name == "leased"
+            await conn.execute(CLAIM_BEGIN)
+            started = time.perf_counter()
+            rows = await claim(conn, args.batch_size)
+            times[name].append((time.perf_counter() - started) * 1000)
+            if len(rows) != args.batch_size:
+                raise SystemExit(f"keyed {name}: claimed {len(rows)} of {args.batch_size}")
+            if leased:  # the lease commits before anything runs; the finish is another trip
+                await conn.execute("COMMIT; BEGIN")
+            finishing = ["processing"] if leased else ["pending", "retrying"]
+            await conn.fetch(FINISH_ATTEMPTS, outcomes(rows, leased), finishing, "bench")
+            await conn.execute("COMMIT")
+    return times
+
+
+def percentile(values: Sequence[float], p: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
+
+
+async def measure_keyed(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Each regime of statistics in turn, empty first: the database's table has never been
+    analyzed with keyed rows in it, so `empty` is what a first burst of keys meets."""
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    result: dict[str, Any] = {}
+    try:
+        await conn.execute("ALTER TABLE inbox_messages SET (autovacuum_enabled = off)")
+        for analyzed in STATISTICS:
+            await fill_keyed(conn, args, analyzed)
+            plan = await keyed_plan(conn, args.batch_size)
+            times = await time_keyed_claims(conn, args)
+            result[analyzed] = {"plan": plan, "ms": times}
+            for name, ms in times.items():
+                print(
+                    f"keyed {name:6} {analyzed:5} statistics: p50 {percentile(ms, 50):6.2f} ms, "
+                    f"p99 {percentile(ms, 99):6.2f} ms, slowest {max(ms):6.2f} ms",
+                    flush=True,
+                )
+    finally:
+        await conn.execute("ALTER TABLE inbox_messages RESET (autovacuum_enabled)")
+        await conn.close()
+    return result
+
+
+def report_keyed(keyed: dict[str, Any], args: argparse.Namespace) -> bool:
+    """The keyed claims' percentiles and the target's verdict (True: met)."""
+    print(
+        f"\nkeyed claims of {args.batch_size}, {args.keys} keys x {args.depth} deep, "
+        f"{args.claims} each: p50 / p99 ms (target p99 <= {KEYED_P99_TARGET_MS:g})"
+    )
+    met = True
+    for analyzed, regime in keyed.items():
+        for name, ms in regime["ms"].items():
+            p99 = percentile(ms, 99)
+            met = met and p99 <= KEYED_P99_TARGET_MS
+            print(f"{name:6} {analyzed:5} statistics  {percentile(ms, 50):6.2f} / {p99:6.2f}")
+    plans = {regime["plan"] for regime in keyed.values()}
+    print(f"LOCK_KEYED's plan the same with either statistics: {len(plans) == 1}")
+    print(f"keyed target: {'met' if met else 'MISSED'}")
+    return met
+
+
 def report(runs: dict[str, list[dict[str, float]]]) -> None:
     print("\nmedians             msgs/s   PostgreSQL us a message")
     medians = {}
@@ -282,14 +410,24 @@ async def main() -> None:
             engine = create_engine(url, Settings(database_url=url))
             await upgrade(engine)
             await engine.dispose()
-            runs = await measure(url, args)
+            # Keyed first: `empty` must meet a table never analyzed with keyed rows in it.
+            keyed = await measure_keyed(url, args) if args.part != "drains" else {}
+            runs = await measure(url, args) if args.part != "keyed" else {}
             settings = await pg.settings()
         finally:
             await pg.drop_database(url)
-    report(runs)
+    if runs:
+        report(runs)
+    if keyed:
+        report_keyed(keyed, args)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"claims-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    document: dict[str, Any] = {"args": vars(args), "postgres": settings, "runs": runs}
+    document: dict[str, Any] = {
+        "args": vars(args),
+        "postgres": settings,
+        "runs": runs,
+        "keyed": keyed,
+    }
     path.write_text(json.dumps(document, indent=2))
     print(f"postgres: {settings}\nload average at end: {os.getloadavg()}\nresults: {path}")
 

@@ -9,6 +9,10 @@ empty table (ANALYZE before the backlog arrives, as after an outage) and with fr
 one key at least 1,000 msgs/s, and each shape's drain the same with either statistics (ratio
 of medians over rounds, reported with its rounds). Every drain must leave each message
 processed with one effect, and each key's effects in acceptance order.
+
+`--gates` drains instead from a source with every gate a handler source can have configured,
+none binding (`GATES`), against the same source with none, each with either statistics;
+target: at least 0.9x the drain with none.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ from bench.systems import RESULTS_DIR, console_script
 TARGET = 0.9
 HOT_KEY_TARGET = 1_000.0
 SHAPES = {"unordered": 0, "1000 keys": 1000, "1 key": 1}
+ORDERED = 'ordering_key = "/key"\n'
+# --gates: every gate a handler source can have, none binding: an ordering key (each message
+# its own), a rate limit far above a drain (the most the configuration allows). A breaker is a
+# forward's, and a pause is no configuration: the claim asks for both whatever the source.
+GATES = ORDERED + 'rate_limit = "100000/s"\n'
 STATISTICS = ("empty", "fresh")
 
 TOML = """
@@ -70,6 +79,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the one-row effect's style, as bench/process --handlers (execute)",
     )
     parser.add_argument("--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL")
+    parser.add_argument(
+        "--gates",
+        action="store_true",
+        help="instead: a source with every gate configured, none binding, against none",
+    )
     return parser.parse_args(argv)
 
 
@@ -131,11 +145,19 @@ def drain(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def shapes(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
+    """Each drain's source lines (TOML's `{ordering}` slot) and its backlog's number of keys."""
+    if args.gates:  # each message its own key: no message waits for another
+        return {"none": ("", 0), "every gate": (GATES, args.messages)}
+    return {shape: (ORDERED if keys else "", keys) for shape, keys in SHAPES.items()}
+
+
+def run_rounds(
+    args: argparse.Namespace, drained: dict[str, tuple[str, int]]
+) -> dict[str, list[dict[str, Any]]]:
+    """`--rounds` of a drain of each shape with each statistics, in rotating order."""
     handler = HANDLERS[args.handler]
-    print(f"load average at start: {os.getloadavg()}", flush=True)
-    cells = [(shape, stats) for shape in SHAPES for stats in STATISTICS]
+    cells = [(shape, stats) for shape in drained for stats in STATISTICS]
     runs: dict[str, list[dict[str, Any]]] = {f"{s} / {t}": [] for s, t in cells}
     with BenchPostgres() as pg, tempfile.TemporaryDirectory(prefix="inbox-ordering-") as tmp:
         work = Path(tmp)
@@ -145,49 +167,71 @@ def main(argv: list[str] | None = None) -> None:
                 url,
                 work,
                 shape.replace(" ", "-"),
-                TOML.format(ordering='ordering_key = "/key"\n' if keys else "", handler=handler),
+                TOML.format(ordering=lines, handler=handler),
                 args.log_level,
             )
-            for shape, keys in SHAPES.items()
+            for shape, (lines, _) in drained.items()
         }
         subprocess.run(
             [*console_script("webhook-inbox"), "migrate"],
-            env=envs["unordered"],
+            env=next(iter(envs.values())),
             check=True,
             capture_output=True,
         )
         for round_ in range(args.rounds):
             shift = round_ % len(cells)
             for shape, stats in cells[shift:] + cells[:shift]:
-                run = drain(url, envs[shape], work, args.messages, SHAPES[shape], stats)
+                run = drain(url, envs[shape], work, args.messages, drained[shape][1], stats)
                 runs[f"{shape} / {stats}"].append(run)
                 print(
-                    f"round {round_ + 1}: {shape:9} {stats:5} statistics {run['rate']:7.0f} "
+                    f"round {round_ + 1}: {shape:10} {stats:5} statistics {run['rate']:7.0f} "
                     f"msgs/s in order, once: {run['exactly_once_in_order']}",
                     flush=True,
                 )
         asyncio.run(pg.drop_database(url))
+    return runs
+
+
+def ratio_by_round(
+    runs: dict[str, list[dict[str, Any]]], cell: str, base: str
+) -> tuple[float, str]:
+    """`cell`'s median rate over `base`'s, and each round's pair's ratio, as text."""
+    ratio = statistics.median(r["rate"] for r in runs[cell]) / statistics.median(
+        r["rate"] for r in runs[base]
+    )
+    pairs = zip(runs[cell], runs[base], strict=True)
+    return ratio, "by round " + ", ".join(f"{a['rate'] / b['rate']:.2f}" for a, b in pairs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    drained = shapes(args)
+    runs = run_rounds(args, drained)
     medians = {cell: statistics.median(r["rate"] for r in rs) for cell, rs in runs.items()}
     print()
     for cell, rate in medians.items():
         rates = ", ".join(f"{r['rate']:.0f}" for r in runs[cell])
-        print(f"{cell:23}: {rate:6.0f} msgs/s (median of {rates})")
-    verdicts = []
+        print(f"{cell:24}: {rate:6.0f} msgs/s (median of {rates})")
+    base, measured = list(drained)[:2]
+    met = []
     for stats in STATISTICS:
-        ratio = medians[f"1000 keys / {stats}"] / medians[f"unordered / {stats}"]
-        hot = medians[f"1 key / {stats}"]
-        verdicts += [ratio >= TARGET, hot >= HOT_KEY_TARGET]
-        print(
-            f"{stats} statistics: 1000 keys / unordered {ratio:.2f} (target >= {TARGET}); "
-            f"1 key {hot:.0f} msgs/s (target >= {HOT_KEY_TARGET:.0f})"
-        )
-    for shape in SHAPES:
+        ratio, rounds = ratio_by_round(runs, f"{measured} / {stats}", f"{base} / {stats}")
+        met.append(ratio >= TARGET)
+        line = f"{stats} statistics: {measured} / {base} {ratio:.2f} ({rounds}; target >= {TARGET})"
+        if not args.gates:
+            hot = medians[f"1 key / {stats}"]
+            met.append(hot >= HOT_KEY_TARGET)
+            line += f"; 1 key {hot:.0f} msgs/s (target >= {HOT_KEY_TARGET:.0f})"
+        print(line)
+    for shape in drained:
         same = medians[f"{shape} / empty"] / medians[f"{shape} / fresh"]
         print(f"{shape}: empty / fresh statistics {same:.2f}")
-    print(f"targets: {'met' if all(verdicts) else 'MISSED'}")
+    print(f"targets: {'met' if all(met) else 'MISSED'}")
     print(f"load average at end: {os.getloadavg()}")
     RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"ordering-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    name = "gates" if args.gates else "ordering"
+    out = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"runs": runs, "medians": medians}, indent=2))
     print(f"results: {out}")
     if not all(r["exactly_once_in_order"] for rs in runs.values() for r in rs):

@@ -385,3 +385,21 @@ async def record_unless_poison(message: InboxMessage, ctx: HandlerContext) -> No
     if isinstance(message.payload, dict) and message.payload.get("poison"):
         raise RuntimeError("poison message")
     await record(message, ctx)
+
+
+def fails_first(message_id: str) -> bool:
+    """About one message in five, the same ones in every process: those whose id hashes to a
+    multiple of five."""
+    import zlib
+
+    return zlib.crc32(message_id.encode()) % 5 == 0
+
+
+async def record_span_failing_first(message: InboxMessage, ctx: HandlerContext) -> None:
+    """`record_span` after 10 ms more (as `record_slowly`: a kill lands inside a batch, not
+    between two), but the messages `fails_first` picks fail on their first attempt (a transient
+    failure: the retry succeeds)."""
+    await asyncio.sleep(0.01)
+    if message.attempt == 1 and fails_first(message.message_id):
+        raise RuntimeError("transient failure on the first attempt")
+    await record_span(message, ctx)

@@ -86,14 +86,13 @@ async def assert_in_order_and_apart(db: asyncpg.Connection) -> float:
 
 
 async def start_three(
-    database_url: str, db: asyncpg.Connection, tmp_path: Path
+    database_url: str, db: asyncpg.Connection, tmp_path: Path, toml: str = TOML
 ) -> list[subprocess.Popen[bytes]]:
-    """Three worker processes listening, then the interleaved backlog enqueued."""
+    """Three worker processes of `toml`, listening (the effects table created first)."""
     await create_effects(db)
-    workers = [start_worker(database_url, TOML, tmp_path, f"w{i}", **SETTINGS) for i in range(3)]
+    workers = [start_worker(database_url, toml, tmp_path, f"w{i}", **SETTINGS) for i in range(3)]
     try:
         await wait_listening(db, 3)
-        await enqueue(db)
     except BaseException:
         for worker in workers:
             worker.kill()
@@ -101,11 +100,27 @@ async def start_three(
     return workers
 
 
+async def kill_while_holding_claims(
+    db: asyncpg.Connection, victim: subprocess.Popen[bytes], timeout: float = 60
+) -> None:
+    """SIGKILL `victim` (the process itself, no graceful stop) once some messages are done, at
+    the first moment it holds claims: mid-batch, so its claims are abandoned."""
+    deadline = time.monotonic() + timeout
+    holding = "SELECT count(*) FROM inbox_claims WHERE actor LIKE '%:' || $1::text"
+    while await db.fetchval(PROCESSED) < 50 or not await db.fetchval(holding, str(victim.pid)):
+        assert time.monotonic() < deadline, "no batch of the first process in flight"
+        assert await db.fetchval(PROCESSED) < TOTAL, "all done before a batch was caught"
+        await asyncio.sleep(0.002)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+
+
 async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
     workers = await start_three(database_url, db, tmp_path)
     try:
+        await enqueue(db)
         await wait_until(db, PROCESSED, TOTAL, 120)
     finally:
         codes = [await stop(w) for w in workers]
@@ -122,16 +137,8 @@ async def test_a_sigkill_mid_run_leaves_every_key_ordered_and_nothing_twice(
 ) -> None:
     workers = await start_three(database_url, db, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        victim = workers[0]
-        holding = "SELECT count(*) FROM inbox_claims WHERE actor LIKE '%:' || $1::text"
-        # Once some messages are done, at the first moment the first process holds claims.
-        while await db.fetchval(PROCESSED) < 50 or not await db.fetchval(holding, str(victim.pid)):
-            assert time.monotonic() < deadline, "no batch of the first process in flight"
-            assert await db.fetchval(PROCESSED) < TOTAL, "all done before a batch was caught"
-            await asyncio.sleep(0.002)
-        victim.send_signal(signal.SIGKILL)  # mid-batch: its claims are abandoned
-        workers[0].wait()
+        await enqueue(db)
+        await kill_while_holding_claims(db, workers[0])
         await wait_until(db, PROCESSED, TOTAL, 120)
     finally:
         for w in workers[1:]:
