@@ -199,7 +199,7 @@ class Worker(Gating, Leasing, Batches):
         if alerting is not None:
             # Before any claim loop runs: a message this worker kills is then always announced.
             await start_alerts(self.engine, alerting, self.sources)
-        self._keyed |= await keyed_sources(self.engine, self.sources)
+        self._keyed = self._ordered | await keyed_sources(self.engine, self.sources)
         async with httpx.AsyncClient(limits=limits, follow_redirects=False) as http:
             self._http = http
             loops = [
@@ -349,6 +349,12 @@ class Worker(Gating, Leasing, Batches):
                 if await alone_due(self.engine, self.sources):
                     self._alone_due = True
                     self.wake_one()
+                # Keyed messages of a source this worker runs unordered (an older `serve`
+                # of a rolling deploy still storing keys): claimed from their heads too.
+                keyed = self._ordered | await keyed_sources(self.engine, self.sources)
+                if keyed - self._keyed:
+                    self.wake_one()
+                self._keyed = keyed
             except Exception as exc:
                 log.warning("lease reaping failed", extra={"error": f"{type(exc).__name__}: {exc}"})
             try:

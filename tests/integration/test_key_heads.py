@@ -18,7 +18,9 @@ from service.core.settings import Settings
 from service.store.claims import CLAIM_BEGIN, claim_due, lock_due
 from service.store.due import LOCK_KEYED
 from service.store.savepoints import batch_transaction
+from tests.conftest import AppFactory
 from tests.integration.test_claims import index_entries_read, nodes, read_since
+from tests.processing_helpers import config, wait_until
 
 FILL = """
 INSERT INTO inbox_messages (source, message_id, body, ordering_key)
@@ -110,3 +112,22 @@ async def test_no_run_is_claimed_behind_another_workers_head(
             len(ids),
         )
         assert ids == [r["id"] for r in expected]  # each from its head, unbroken
+
+
+async def test_keyed_messages_of_a_source_run_unordered_here_are_claimed_once_they_appear(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # A rolling deploy: this worker has no ordering key for `hooks`, an older process still
+    # stores keys. Its keyed messages arrive after it started, and are claimed in key order.
+    async with worker_for(config("tests.handlers:record")):
+        await db.execute(
+            "INSERT INTO inbox_messages (source, message_id, body, ordering_key) "
+            "SELECT 'hooks', 'k-' || g, '{}', 'k' || (g % 2) FROM generate_series(1, 6) AS g"
+        )
+        await wait_until(
+            db, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'", 6, timeout=20
+        )
+    order = [r["message_id"] for r in await db.fetch("SELECT message_id FROM effects ORDER BY id")]
+    for key in (0, 1):
+        of_key = [m for m in order if int(m[2:]) % 2 == key]
+        assert of_key == sorted(of_key, key=lambda m: int(m[2:]))
