@@ -270,6 +270,13 @@ def add_filters(parser: argparse.ArgumentParser, *, statuses: bool) -> None:
     group.add_argument(
         "--error-type", help="whose latest failed attempt raised this exception type"
     )
+    group.add_argument("--ordering-key", metavar="KEY", help="only messages with this ordering key")
+    group.add_argument(
+        "--held",
+        action="store_true",
+        default=None,
+        help="only messages held behind an earlier unfinished message of their ordering key",
+    )
 
 
 def add_paging(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ def summary_table(items: list[MessageSummary]) -> str:
                 m.source,
                 m.message_id,
                 m.event_type,
-                m.status.value,
+                m.status_text(),
                 m.attempts_text(),
                 m.received_at,
                 m.last_error,

@@ -11,7 +11,7 @@ from sqlalchemy import Row, TextClause, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.core.schema import DUE, Status, sql_list
+from service.core.schema import DUE, SETTLED, Status, sql_list
 from service.store.claims import CLAIMED_IDS, SHOWN_ATTEMPTS, SHOWN_STATUS
 from service.store.errors import is_lock_timeout, translate_errors
 from service.store.notifications import NOTIFY
@@ -42,6 +42,21 @@ BULK_BATCH_SIZE = 500
 # The stored statuses of a message whose handlers' batch is in flight (see SHOWN_STATUS).
 IN_FLIGHT_STORED = frozenset({Status.PENDING, Status.RETRYING})
 
+# A message of an ordering key that later messages of its key wait for (the ordering index's
+# predicate, 0012).
+KEYED_UNSETTLED = f"ordering_key IS NOT NULL AND status NOT IN ({sql_list(SETTLED)})"
+# The earliest unfinished message of the same key before a message, which it waits for (0012):
+# none for a finished message, or one without a key. Correlated on `inbox_messages`, unaliased;
+# one probe of the ordering index (source, ordering_key, id) a row, so a page of 500 stays cheap.
+HELD_BEHIND = f"""
+    CASE WHEN {KEYED_UNSETTLED} THEN
+        (SELECT min(e.id) FROM inbox_messages AS e
+          WHERE e.source = inbox_messages.source AND e.ordering_key = inbox_messages.ordering_key
+            AND e.id < inbox_messages.id
+            AND e.ordering_key IS NOT NULL AND e.status NOT IN ({sql_list(SETTLED)}))
+    END
+"""  # noqa: S608 - fixed statuses, no input
+
 # `attempts` here: those of the current budget (since accepted or last retried by an admin);
 # `attempt_count_total` every one, as the history numbers them (`budget_start`: those before).
 # `next_attempt_at` only while the worker is still to try it: the column keeps its last value
@@ -52,7 +67,7 @@ SUMMARY_COLUMNS = f"""
     {SHOWN_ATTEMPTS} - budget_start AS attempts, {SHOWN_ATTEMPTS} AS attempt_count_total,
     receive_count, received_at, last_received_at,
     CASE WHEN ({SHOWN_STATUS}) IN ({sql_list(DUE)}) THEN next_attempt_at END AS next_attempt_at,
-    processed_at, last_error
+    processed_at, last_error, ordering_key, {HELD_BEHIND} AS held_behind
 """
 
 
@@ -100,6 +115,8 @@ class MessageFilter:
     received_after: datetime | None = None  # inclusive
     received_before: datetime | None = None  # exclusive
     error_type: str | None = None  # of the message's latest failed attempt
+    ordering_key: str | None = None
+    held: bool | None = None  # True: only those held behind another (HELD_BEHIND); False: none
 
     def where(self) -> tuple[list[str], dict[str, Any]]:
         """SQL conditions (fixed text, values bound) and their parameters."""
@@ -146,6 +163,14 @@ class MessageFilter:
         if self.error_type is not None:
             clauses.append(f"({LAST_ERROR_TYPE}) = :error_type")
             params["error_type"] = self.error_type
+        if self.ordering_key is not None:
+            clauses.append("ordering_key = :ordering_key")
+            params["ordering_key"] = self.ordering_key
+        if self.held:
+            # The first condition is the ordering index's predicate, so it may serve the scan.
+            clauses += [KEYED_UNSETTLED, f"({HELD_BEHIND}) IS NOT NULL"]
+        elif self.held is not None:
+            clauses.append(f"({HELD_BEHIND}) IS NULL")
         return clauses, params
 
 
@@ -190,19 +215,6 @@ GET_ATTEMPTS = text(
       FROM inbox_attempts WHERE message_id = :id ORDER BY id
     """
 )
-# A message's ordering key, and the earliest unfinished message of its key before it, which
-# it waits for (0012): none for a finished message, or one without a key.
-HELD_BEHIND = text(
-    """
-    SELECT m.ordering_key,
-           (SELECT min(e.id) FROM inbox_messages AS e
-             WHERE m.status NOT IN ('processed', 'discarded')
-               AND e.source = m.source AND e.ordering_key = m.ordering_key AND e.id < m.id
-               AND e.ordering_key IS NOT NULL
-               AND e.status NOT IN ('processed', 'discarded')) AS held_behind
-      FROM inbox_messages AS m WHERE m.id = :id
-    """
-)
 # Where a message stands with each named destination that has run for it (0010).
 GET_DESTINATIONS = text(
     """
@@ -235,9 +247,7 @@ async def get_message(engine: AsyncEngine, message_id: int) -> dict[str, Any]:
             raise MessageNotFound(message_id)
         attempts = [dict(a._mapping) for a in await conn.execute(GET_ATTEMPTS, {"id": message_id})]
         destinations = await conn.execute(GET_DESTINATIONS, {"id": message_id})
-        ordering = (await conn.execute(HELD_BEHIND, {"id": message_id})).one()
     message = dict(row._mapping)
-    message["ordering_key"], message["held_behind"] = ordering.ordering_key, ordering.held_behind
     message["attempt_history"] = attempts
     message["destinations"] = [dict(d._mapping) for d in destinations]
     return message

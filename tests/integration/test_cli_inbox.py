@@ -124,6 +124,57 @@ async def test_after_an_operator_retry_both_attempt_counts_are_shown_and_named(
     assert both in console_list
 
 
+async def test_a_message_held_by_its_ordering_key_says_so_in_the_lists_and_can_be_picked(
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ids = {
+        name: await seed(db, name, status=status, ordering_key=key)
+        for name, status, key in [
+            ("a-done", "processed", "a"),
+            ("a-1", "dead", "a"),
+            ("a-2", "pending", "a"),
+            ("b-1", "pending", "b"),
+            ("a-3", "retrying", "a"),
+            ("none", "pending", None),
+        ]
+    }
+    async with admin_client(client_for) as client:
+
+        async def listed(query: str) -> dict[str, Any]:
+            answer = await client.get(f"/admin/messages?{query}", headers=AUTH)
+            assert answer.status_code == 200, answer.text
+            return {m["message_id"]: m["held_behind"] for m in answer.json()["items"]}
+
+        everything = (await client.get("/admin/messages", headers=AUTH)).json()["items"]
+        held = await listed("held=true")
+        key_a = await listed("ordering_key=a")
+        key_a_free = await listed("ordering_key=a&held=false")
+    assert {m["message_id"]: (m["ordering_key"], m["held_behind"]) for m in everything} == {
+        "a-done": ("a", None),
+        "a-1": ("a", None),
+        "a-2": ("a", ids["a-1"]),
+        "b-1": ("b", None),
+        "a-3": ("a", ids["a-1"]),
+        "none": (None, None),
+    }
+    assert held == {"a-2": ids["a-1"], "a-3": ids["a-1"]}
+    assert set(key_a) == {"a-done", "a-1", "a-2", "a-3"}
+    assert set(key_a_free) == {"a-done", "a-1"}
+
+    table = await cli(monkeypatch, database_url, "messages", "list")
+    assert f"pending, held behind {ids['a-1']}" in table.out
+    assert f"retrying, held behind {ids['a-1']}" in table.out
+    only_held = await cli(monkeypatch, database_url, "messages", "list", "--held", "--json")
+    assert sorted(m["message_id"] for m in only_held.json()["items"]) == ["a-2", "a-3"]
+    key_b = await cli(
+        monkeypatch, database_url, "messages", "list", "--ordering-key", "b", "--json"
+    )
+    assert [m["message_id"] for m in key_b.json()["items"]] == ["b-1"]
+
+
 async def test_filters_and_paging(
     db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -65,12 +65,14 @@ def to_filter(filters: MessageFilters, statuses: list[str]) -> MessageFilter:
         received_after=filters.received_after,
         received_before=filters.received_before,
         error_type=filters.error_type,
+        ordering_key=filters.ordering_key,
+        held=filters.held,
     )
 
 
 def cursor_scope(listing: str, filters: MessageFilter) -> str:
     """What a cursor is bound to: the listing and its filters, canonically written."""
-    fields = {
+    fields: dict[str, Any] = {
         "source": filters.source,
         "statuses": sorted(set(filters.statuses)),
         "event_type": filters.event_type,
@@ -78,6 +80,13 @@ def cursor_scope(listing: str, filters: MessageFilter) -> str:
         "received_after": filters.received_after,
         "received_before": filters.received_before,
         "error_type": filters.error_type,
+    }
+    # Named only when set, so that the cursors of pages listed before these filters existed
+    # still hold.
+    fields |= {
+        name: value
+        for name, value in (("ordering_key", filters.ordering_key), ("held", filters.held))
+        if value is not None
     }
     return listing + json.dumps(fields, sort_keys=True, default=str)
 

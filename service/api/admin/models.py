@@ -90,6 +90,16 @@ class MessageFilters(EventFilters):
         description="Only messages whose latest failed attempt raised this exception type "
         "(the `error_type` of their attempts, e.g. `TimeoutError`).",
     )
+    ordering_key: Text | None = Field(
+        default=None,
+        description="Only messages with this ordering key (the source's `ordering_key` of "
+        "them): one key's messages, in the order they are processed.",
+    )
+    held: bool | None = Field(
+        default=None,
+        description="`true`: only messages held behind an earlier unfinished message of their "
+        "ordering key (`held_behind` set); `false`: only those not held.",
+    )
 
 
 class PageQuery(BaseModel):
@@ -144,10 +154,28 @@ class MessageSummary(BaseModel):
     )
     processed_at: datetime | None = Field(description="When its handlers committed, if they did.")
     last_error: str | None = Field(description="The error of the latest failed attempt, if any.")
+    ordering_key: str | None = Field(
+        default=None,
+        description="The source's `ordering_key` of the message: messages with one key are "
+        "processed one at a time, in the order they were accepted. Null: unordered.",
+    )
+    held_behind: int | None = Field(
+        default=None,
+        description="The inbox id of the earlier message of its key that this one waits for "
+        "(pending, retrying, processing or dead); discard or retry that one to release it. "
+        "Null when it waits for none: its `status` then says where it is.",
+    )
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> MessageSummary:
         return cls.model_validate({**row, "attempt_count": row["attempts"]})
+
+    def status_text(self) -> str:
+        """The status as the command line's list shows it: `pending`, or for a message its
+        ordering key holds, `pending, held behind 17`."""
+        if self.held_behind is None:
+            return self.status.value
+        return f"{self.status.value}, held behind {self.held_behind}"
 
     def attempts_text(self) -> str:
         """Both counts as the command line and the console show them: `6`, or once an operator
@@ -230,17 +258,6 @@ class MessageDetail(MessageSummary):
         description="Of a source with named destinations: each destination that has run for "
         "the message (or been replayed to), by name; the message's `status` summarises them. "
         "Empty for a source without named destinations.",
-    )
-    ordering_key: str | None = Field(
-        default=None,
-        description="The source's `ordering_key` of the message: messages with one key are "
-        "processed one at a time, in the order they were accepted. Null: unordered.",
-    )
-    held_behind: int | None = Field(
-        default=None,
-        description="The inbox id of the earlier message of its key that this one waits for "
-        "(pending, retrying, processing or dead); discard or retry that one to release it. "
-        "Null when it waits for none.",
     )
     trace_id: str | None = Field(
         default=None,
