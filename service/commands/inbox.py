@@ -75,7 +75,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         (
             "discard",
             "set a message aside; redeliveries stay duplicates",
-            "Set a pending, retrying or dead message aside as discarded; its dedup row stays "
+            "Set a message that is not processed aside as discarded, at once (a processing one "
+            "too, unless a live attempt holds it); it is not run again and its dedup row stays "
             "(POST /admin/messages/{id}/discard).",
         ),
     ):

@@ -274,9 +274,16 @@ RESET_TO_PENDING = text(
     """  # noqa: S608
 )
 
+# A discard takes effect at once, even over a claim still live whose holder holds no lock (a
+# killed process's lease or batch claim, up to its lease): the row becomes `discarded` and the
+# claim is dropped, so no worker claims it again and the reaper passes it over. The claimed
+# attempt stays counted (SHOWN_ATTEMPTS). A late finish of that attempt changes nothing: it is
+# fenced on the status and attempts it claimed (FINISH_ATTEMPTS, HOLD_CLAIMED, HOLD_LOCKED).
 SET_DISCARDED = text(
     f"""
-    UPDATE inbox_messages SET status = 'discarded', locked_until = NULL
+    WITH dropped AS (DELETE FROM inbox_claims WHERE message_id = :id)
+    UPDATE inbox_messages SET status = 'discarded', locked_until = NULL,
+                              attempts = {SHOWN_ATTEMPTS}
      WHERE id = :id
     RETURNING {SUMMARY_COLUMNS}
     """  # noqa: S608
@@ -351,23 +358,32 @@ async def retry_message(
 async def discard_message(
     engine: AsyncEngine, message_id: int, actor: str
 ) -> tuple[dict[str, Any], bool]:
-    """Set a message aside as `discarded`; the row (the dedup key) stays. Returns (row, changed)."""
+    """Set a message aside as `discarded`; the row (the dedup key) stays. Returns (row, changed).
+
+    A `processing` message is discarded too when no live attempt holds its row (its claim's
+    holder was killed, or a batch is between its runs): see SET_DISCARDED. One whose attempt
+    holds the row is refused after LOCK_WAIT (`lock_message`)."""
     async with translate_errors(), engine.begin() as conn:
-        status, attempts, _ = await lock_message(conn, message_id)
+        status, _, _ = await lock_message(conn, message_id)
         if status == Status.DISCARDED:
             row = (await conn.execute(GET_MESSAGE, {"id": message_id})).one()
             return dict(row._mapping), False
-        if status in (Status.PROCESSED, Status.PROCESSING):
+        if status == Status.PROCESSED:
             raise InvalidTransition(
                 status,
-                f"message {message_id} is {status}; only pending, retrying or dead messages "
+                f"message {message_id} is processed; only unfinished or dead messages "
                 "can be discarded",
             )
         row = (await conn.execute(SET_DISCARDED, {"id": message_id})).one()
         await conn.execute(DISCARD_PAIRS, {"id": message_id})
         await conn.execute(
             RECORD_ACTION,
-            {"id": message_id, "attempt": attempts, "outcome": ADMIN_DISCARD, "actor": actor},
+            {
+                "id": message_id,
+                "attempt": row.attempt_count_total,
+                "outcome": ADMIN_DISCARD,
+                "actor": actor,
+            },
         )
     return dict(row._mapping), True
 

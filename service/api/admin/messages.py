@@ -261,7 +261,13 @@ async def retry_message(
     "/messages/{id}/discard", response_model=RetryResult, responses=problem_responses(404, 409)
 )
 async def discard_message(state: StateDep, admin: AdminDep, id: MessageIdPath) -> RetryResult:
-    """Set a message aside as discarded; its dedup row stays, so redeliveries stay duplicates."""
+    """Set a message aside as discarded, at once; its dedup row stays, so redeliveries stay
+    duplicates.
+
+    A `processing` message is discarded too unless a live attempt holds its row (a killed
+    worker's claim is dropped; that attempt's late finish changes nothing); a held one answers
+    409 after a wait of up to 2 s, as does a `processed` one.
+    """
     with tracing.admin_span("discard", id=id) as span, store_errors():
         row, changed = await store.discard_message(state.engine, id, admin.actor)
         if span is not None:
