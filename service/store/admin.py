@@ -215,12 +215,29 @@ GET_ATTEMPTS = text(
       FROM inbox_attempts WHERE message_id = :id ORDER BY id
     """
 )
-# Where a message stands with each named destination that has run for it (0010).
+# Where a message stands with each named destination that has run for it (0010), with its
+# attempts in all (`attempts`) and since an operator last ran it again (`attempts_since`): its
+# attempt rows after the latest retry or replay of it, or of the whole message (which runs
+# again those of its destinations not processed then, every one for a replay). Read from the
+# message's history, through inbox_attempts_message_idx: no column keeps it.
 GET_DESTINATIONS = text(
-    """
-    SELECT destination AS name, status, attempts, last_error, updated_at, processed_at
-      FROM inbox_destinations WHERE message_id = :id ORDER BY destination
-    """
+    f"""
+    SELECT d.destination AS name, d.status, d.attempts, d.last_error, d.updated_at,
+           d.processed_at,
+           (SELECT count(*) FROM inbox_attempts AS a
+             WHERE a.message_id = d.message_id AND a.destination = d.destination
+               AND NOT starts_with(a.outcome, 'admin_')
+               AND a.id > coalesce((
+                   SELECT max(r.id) FROM inbox_attempts AS r
+                    WHERE r.message_id = d.message_id
+                      AND r.outcome IN ('{ADMIN_RETRY}', '{ADMIN_REPLAY}')
+                      AND (r.destination = d.destination
+                           OR (r.destination IS NULL
+                               AND (r.outcome = '{ADMIN_REPLAY}' OR d.status <> 'processed'
+                                    OR d.processed_at > r.started_at)))), 0)
+           ) AS attempts_since
+      FROM inbox_destinations AS d WHERE d.message_id = :id ORDER BY d.destination
+    """  # noqa: S608 - fixed outcomes, no input
 )
 # What a whole message's retry does to its named destinations: the unfinished ones run
 # again; a replay (of a processed message) runs every one again.

@@ -21,6 +21,7 @@ from service.api.admin.models import (
     DeadLetterGroup,
     DeadLetterGroups,
     DeadLetterQuery,
+    DestinationState,
     MessageDetail,
     MessageFilters,
     MessagePage,
@@ -202,6 +203,7 @@ def detail_from_row(row: Mapping[str, Any]) -> MessageDetail:
             "payload": payload,
             "body_base64": body_base64,
             "attempts": row["attempt_history"],
+            "destinations": [DestinationState.from_row(d) for d in row["destinations"]],
             "trace_id": trace_id_of(row["trace_context"]),
         }
     )

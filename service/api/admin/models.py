@@ -127,6 +127,15 @@ class MessageQuery(MessageFilters, PageQuery):
     )
 
 
+def attempts_text(since_retry: int, total: int) -> str:
+    """Both attempt counts as the command line and the console show them (of a message or of
+    one of its destinations): `6`, or once an operator has retried it, `1 since retry, 6 in
+    all`."""
+    if since_retry == total:
+        return str(total)
+    return f"{since_retry} since retry, {total} in all"
+
+
 class MessageSummary(BaseModel):
     """A message as the listings show it."""
 
@@ -178,11 +187,7 @@ class MessageSummary(BaseModel):
         return f"{self.status.value}, held behind {self.held_behind}"
 
     def attempts_text(self) -> str:
-        """Both counts as the command line and the console show them: `6`, or once an operator
-        has retried the message, `1 since retry, 6 in all`."""
-        if self.attempt_count == self.attempt_count_total:
-            return str(self.attempt_count_total)
-        return f"{self.attempt_count} since retry, {self.attempt_count_total} in all"
+        return attempts_text(self.attempt_count, self.attempt_count_total)
 
 
 class MessagePage(BaseModel):
@@ -229,10 +234,36 @@ class DestinationState(BaseModel):
     status: Status = Field(
         description="`pending` (to run), `retrying`, `processed`, `dead` or `discarded`."
     )
-    attempts: int = Field(description="Attempts this destination has made for the message.")
+    attempts: int = Field(
+        description="Attempts this destination has made for the message, in all (as "
+        "`attempt_count_total`; kept for existing clients)."
+    )
+    attempt_count: int = Field(
+        description="Its attempts since an operator last ran it again (a retry or replay of "
+        "it, or of the whole message, that ran it); as many as `attempt_count_total` when "
+        "none has."
+    )
+    attempt_count_total: int = Field(
+        description="Its attempts in all, across operators' retries: its attempt rows in the "
+        "history."
+    )
     last_error: str | None = Field(description="The error of its latest failed attempt.")
     updated_at: datetime = Field(description="When its state last changed.")
     processed_at: datetime | None = Field(description="When its effects committed, if they did.")
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> DestinationState:
+        return cls.model_validate(
+            {
+                **row,
+                "attempt_count": min(row["attempts_since"], row["attempts"]),
+                "attempt_count_total": row["attempts"],
+            }
+        )
+
+    def attempts_text(self) -> str:
+        """Both counts, as a message's (`attempts_text`)."""
+        return attempts_text(self.attempt_count, self.attempt_count_total)
 
 
 class MessageDetail(MessageSummary):
