@@ -417,6 +417,9 @@ class DestinationInfo(BaseModel):
     payload_filter: bool = Field(description="Whether it has a payload filter too.")
     handlers: list[HandlerInfo] = Field(description="Its Python handlers, if it runs any.")
     forward: ForwardInfo | None = Field(description="Its HTTP endpoint, if it forwards.")
+    rate_limit: str | None = Field(
+        default=None, description="Its `rate_limit` as configured (`30/m`); null: none."
+    )
 
 
 class BreakerState(BaseModel):
@@ -499,6 +502,16 @@ class SourceInfo(BaseModel):
     )
     redelivery_days: float = Field(
         description="How long the kind's senders may redeliver: retention never prunes sooner."
+    )
+    rate_limit: str | None = Field(
+        default=None,
+        description="Its `rate_limit` as configured (`100/s`): messages claimed a second, by "
+        "every process together; null: none.",
+    )
+    ordering_key: str | None = Field(
+        default=None,
+        description="Its `ordering_key` (`/json/pointer` or `header:Name`): messages of one key "
+        "run one at a time, in order; null: unordered.",
     )
     paused: SourcePause | None = Field(
         default=None, description="Its processing's pause, if an operator has paused it."
