@@ -84,16 +84,17 @@ async def seed(
     content_type: str | None = "application/json",
     headers: dict[str, str] | None = None,
     last_error: str | None = None,
+    ordering_key: str | None = None,
 ) -> int:
     """Insert one message row and return its id."""
     row_id = await db.fetchval(
         """
         INSERT INTO inbox_messages (source, message_id, event_type, status, attempts,
                                     received_at, last_received_at, body, content_type,
-                                    headers, last_error, processed_at)
+                                    headers, last_error, processed_at, ordering_key)
         VALUES ($1, $2, $3, $4, $5,
                 coalesce($6, now() - $7::interval), now() - coalesce($8, $7)::interval,
-                $9, $10, $11::jsonb, $12, CASE WHEN $4 = 'processed' THEN now() END)
+                $9, $10, $11::jsonb, $12, CASE WHEN $4 = 'processed' THEN now() END, $13)
         RETURNING id
         """,
         source,
@@ -108,6 +109,7 @@ async def seed(
         content_type,
         json.dumps(headers or {"content-type": "application/json"}),
         last_error,
+        ordering_key,
     )
     return int(row_id)
 

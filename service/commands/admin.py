@@ -94,6 +94,8 @@ def filter_values(args: argparse.Namespace) -> dict[str, Any]:
         "received_after": args.received_after,
         "received_before": args.received_before,
         "error_type": args.error_type,
+        "ordering_key": args.ordering_key,
+        "held": args.held,
     }
 
 

@@ -75,7 +75,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         (
             "discard",
             "set a message aside; redeliveries stay duplicates",
-            "Set a pending, retrying or dead message aside as discarded; its dedup row stays "
+            "Set a message that is not processed aside as discarded, at once (a processing one "
+            "too, unless a live attempt holds it); it is not run again and its dedup row stays "
             "(POST /admin/messages/{id}/discard).",
         ),
     ):
@@ -269,6 +270,13 @@ def add_filters(parser: argparse.ArgumentParser, *, statuses: bool) -> None:
     )
     group.add_argument(
         "--error-type", help="whose latest failed attempt raised this exception type"
+    )
+    group.add_argument("--ordering-key", metavar="KEY", help="only messages with this ordering key")
+    group.add_argument(
+        "--held",
+        action="store_true",
+        default=None,
+        help="only messages held behind an earlier unfinished message of their ordering key",
     )
 
 

@@ -27,7 +27,7 @@ def summary_table(items: list[MessageSummary]) -> str:
                 m.source,
                 m.message_id,
                 m.event_type,
-                m.status.value,
+                m.status_text(),
                 m.attempts_text(),
                 m.received_at,
                 m.last_error,
@@ -66,7 +66,7 @@ def describe_detail(detail: MessageDetail) -> str:
         pairs = table(
             ["NAME", "STATUS", "ATTEMPTS", "UPDATED", "LAST ERROR"],
             [
-                [d.name, d.status.value, d.attempts, d.updated_at, d.last_error]
+                [d.name, d.status.value, d.attempts_text(), d.updated_at, d.last_error]
                 for d in detail.destinations
             ],
         )

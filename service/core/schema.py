@@ -34,6 +34,7 @@ from sqlmodel import Field, SQLModel
 
 # Re-exported: the tables' users import the statuses with them.
 from service.core.status import DUE as DUE
+from service.core.status import SETTLED as SETTLED
 from service.core.status import UNFINISHED as UNFINISHED
 from service.core.status import Status as Status
 from service.core.status import sql_list as sql_list
@@ -118,8 +119,7 @@ class MessageRecord(InboxTable, table=True):
             "ordering_key",
             "id",
             postgresql_where=text(
-                f"ordering_key IS NOT NULL AND status NOT IN "
-                f"('{Status.PROCESSED.value}', '{Status.DISCARDED.value}')"
+                f"ordering_key IS NOT NULL AND status NOT IN ({sql_list(SETTLED)})"
             ),
         ),
     )

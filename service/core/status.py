@@ -22,6 +22,9 @@ class Status(StrEnum):
 DUE = (Status.PENDING, Status.RETRYING)
 # Not finished yet: what the backlog is made of.
 UNFINISHED = (Status.PENDING, Status.RETRYING, Status.PROCESSING)
+# Done with for good: the later messages of an ordering key no longer wait for these (a dead
+# one they do wait for, until it is retried or discarded).
+SETTLED = (Status.PROCESSED, Status.DISCARDED)
 
 
 def sql_list(statuses: tuple[Status, ...] | list[Status]) -> str:

@@ -11,7 +11,7 @@ from sqlalchemy import Row, TextClause, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.core.schema import DUE, Status, sql_list
+from service.core.schema import DUE, SETTLED, Status, sql_list
 from service.store.claims import CLAIMED_IDS, SHOWN_ATTEMPTS, SHOWN_STATUS
 from service.store.errors import is_lock_timeout, translate_errors
 from service.store.notifications import NOTIFY
@@ -42,6 +42,21 @@ BULK_BATCH_SIZE = 500
 # The stored statuses of a message whose handlers' batch is in flight (see SHOWN_STATUS).
 IN_FLIGHT_STORED = frozenset({Status.PENDING, Status.RETRYING})
 
+# A message of an ordering key that later messages of its key wait for (the ordering index's
+# predicate, 0012).
+KEYED_UNSETTLED = f"ordering_key IS NOT NULL AND status NOT IN ({sql_list(SETTLED)})"
+# The earliest unfinished message of the same key before a message, which it waits for (0012):
+# none for a finished message, or one without a key. Correlated on `inbox_messages`, unaliased;
+# one probe of the ordering index (source, ordering_key, id) a row, so a page of 500 stays cheap.
+HELD_BEHIND = f"""
+    CASE WHEN {KEYED_UNSETTLED} THEN
+        (SELECT min(e.id) FROM inbox_messages AS e
+          WHERE e.source = inbox_messages.source AND e.ordering_key = inbox_messages.ordering_key
+            AND e.id < inbox_messages.id
+            AND e.ordering_key IS NOT NULL AND e.status NOT IN ({sql_list(SETTLED)}))
+    END
+"""  # noqa: S608 - fixed statuses, no input
+
 # `attempts` here: those of the current budget (since accepted or last retried by an admin);
 # `attempt_count_total` every one, as the history numbers them (`budget_start`: those before).
 # `next_attempt_at` only while the worker is still to try it: the column keeps its last value
@@ -52,7 +67,7 @@ SUMMARY_COLUMNS = f"""
     {SHOWN_ATTEMPTS} - budget_start AS attempts, {SHOWN_ATTEMPTS} AS attempt_count_total,
     receive_count, received_at, last_received_at,
     CASE WHEN ({SHOWN_STATUS}) IN ({sql_list(DUE)}) THEN next_attempt_at END AS next_attempt_at,
-    processed_at, last_error
+    processed_at, last_error, ordering_key, {HELD_BEHIND} AS held_behind
 """
 
 
@@ -100,6 +115,8 @@ class MessageFilter:
     received_after: datetime | None = None  # inclusive
     received_before: datetime | None = None  # exclusive
     error_type: str | None = None  # of the message's latest failed attempt
+    ordering_key: str | None = None
+    held: bool | None = None  # True: only those held behind another (HELD_BEHIND); False: none
 
     def where(self) -> tuple[list[str], dict[str, Any]]:
         """SQL conditions (fixed text, values bound) and their parameters."""
@@ -146,6 +163,14 @@ class MessageFilter:
         if self.error_type is not None:
             clauses.append(f"({LAST_ERROR_TYPE}) = :error_type")
             params["error_type"] = self.error_type
+        if self.ordering_key is not None:
+            clauses.append("ordering_key = :ordering_key")
+            params["ordering_key"] = self.ordering_key
+        if self.held:
+            # The first condition is the ordering index's predicate, so it may serve the scan.
+            clauses += [KEYED_UNSETTLED, f"({HELD_BEHIND}) IS NOT NULL"]
+        elif self.held is not None:
+            clauses.append(f"({HELD_BEHIND}) IS NULL")
         return clauses, params
 
 
@@ -190,25 +215,29 @@ GET_ATTEMPTS = text(
       FROM inbox_attempts WHERE message_id = :id ORDER BY id
     """
 )
-# A message's ordering key, and the earliest unfinished message of its key before it, which
-# it waits for (0012): none for a finished message, or one without a key.
-HELD_BEHIND = text(
-    """
-    SELECT m.ordering_key,
-           (SELECT min(e.id) FROM inbox_messages AS e
-             WHERE m.status NOT IN ('processed', 'discarded')
-               AND e.source = m.source AND e.ordering_key = m.ordering_key AND e.id < m.id
-               AND e.ordering_key IS NOT NULL
-               AND e.status NOT IN ('processed', 'discarded')) AS held_behind
-      FROM inbox_messages AS m WHERE m.id = :id
-    """
-)
-# Where a message stands with each named destination that has run for it (0010).
+# Where a message stands with each named destination that has run for it (0010), with its
+# attempts in all (`attempts`) and since an operator last ran it again (`attempts_since`): its
+# attempt rows after the latest retry or replay of it, or of the whole message (which runs
+# again those of its destinations not processed then, every one for a replay). Read from the
+# message's history, through inbox_attempts_message_idx: no column keeps it.
 GET_DESTINATIONS = text(
-    """
-    SELECT destination AS name, status, attempts, last_error, updated_at, processed_at
-      FROM inbox_destinations WHERE message_id = :id ORDER BY destination
-    """
+    f"""
+    SELECT d.destination AS name, d.status, d.attempts, d.last_error, d.updated_at,
+           d.processed_at,
+           (SELECT count(*) FROM inbox_attempts AS a
+             WHERE a.message_id = d.message_id AND a.destination = d.destination
+               AND NOT starts_with(a.outcome, 'admin_')
+               AND a.id > coalesce((
+                   SELECT max(r.id) FROM inbox_attempts AS r
+                    WHERE r.message_id = d.message_id
+                      AND r.outcome IN ('{ADMIN_RETRY}', '{ADMIN_REPLAY}')
+                      AND (r.destination = d.destination
+                           OR (r.destination IS NULL
+                               AND (r.outcome = '{ADMIN_REPLAY}' OR d.status <> 'processed'
+                                    OR d.processed_at > r.started_at)))), 0)
+           ) AS attempts_since
+      FROM inbox_destinations AS d WHERE d.message_id = :id ORDER BY d.destination
+    """  # noqa: S608 - fixed outcomes, no input
 )
 # What a whole message's retry does to its named destinations: the unfinished ones run
 # again; a replay (of a processed message) runs every one again.
@@ -235,9 +264,7 @@ async def get_message(engine: AsyncEngine, message_id: int) -> dict[str, Any]:
             raise MessageNotFound(message_id)
         attempts = [dict(a._mapping) for a in await conn.execute(GET_ATTEMPTS, {"id": message_id})]
         destinations = await conn.execute(GET_DESTINATIONS, {"id": message_id})
-        ordering = (await conn.execute(HELD_BEHIND, {"id": message_id})).one()
     message = dict(row._mapping)
-    message["ordering_key"], message["held_behind"] = ordering.ordering_key, ordering.held_behind
     message["attempt_history"] = attempts
     message["destinations"] = [dict(d._mapping) for d in destinations]
     return message
@@ -264,9 +291,16 @@ RESET_TO_PENDING = text(
     """  # noqa: S608
 )
 
+# A discard takes effect at once, even over a claim still live whose holder holds no lock (a
+# killed process's lease or batch claim, up to its lease): the row becomes `discarded` and the
+# claim is dropped, so no worker claims it again and the reaper passes it over. The claimed
+# attempt stays counted (SHOWN_ATTEMPTS). A late finish of that attempt changes nothing: it is
+# fenced on the status and attempts it claimed (FINISH_ATTEMPTS, HOLD_CLAIMED, HOLD_LOCKED).
 SET_DISCARDED = text(
     f"""
-    UPDATE inbox_messages SET status = 'discarded', locked_until = NULL
+    WITH dropped AS (DELETE FROM inbox_claims WHERE message_id = :id)
+    UPDATE inbox_messages SET status = 'discarded', locked_until = NULL,
+                              attempts = {SHOWN_ATTEMPTS}
      WHERE id = :id
     RETURNING {SUMMARY_COLUMNS}
     """  # noqa: S608
@@ -341,23 +375,32 @@ async def retry_message(
 async def discard_message(
     engine: AsyncEngine, message_id: int, actor: str
 ) -> tuple[dict[str, Any], bool]:
-    """Set a message aside as `discarded`; the row (the dedup key) stays. Returns (row, changed)."""
+    """Set a message aside as `discarded`; the row (the dedup key) stays. Returns (row, changed).
+
+    A `processing` message is discarded too when no live attempt holds its row (its claim's
+    holder was killed, or a batch is between its runs): see SET_DISCARDED. One whose attempt
+    holds the row is refused after LOCK_WAIT (`lock_message`)."""
     async with translate_errors(), engine.begin() as conn:
-        status, attempts, _ = await lock_message(conn, message_id)
+        status, _, _ = await lock_message(conn, message_id)
         if status == Status.DISCARDED:
             row = (await conn.execute(GET_MESSAGE, {"id": message_id})).one()
             return dict(row._mapping), False
-        if status in (Status.PROCESSED, Status.PROCESSING):
+        if status == Status.PROCESSED:
             raise InvalidTransition(
                 status,
-                f"message {message_id} is {status}; only pending, retrying or dead messages "
+                f"message {message_id} is processed; only unfinished or dead messages "
                 "can be discarded",
             )
         row = (await conn.execute(SET_DISCARDED, {"id": message_id})).one()
         await conn.execute(DISCARD_PAIRS, {"id": message_id})
         await conn.execute(
             RECORD_ACTION,
-            {"id": message_id, "attempt": attempts, "outcome": ADMIN_DISCARD, "actor": actor},
+            {
+                "id": message_id,
+                "attempt": row.attempt_count_total,
+                "outcome": ADMIN_DISCARD,
+                "actor": actor,
+            },
         )
     return dict(row._mapping), True
 

@@ -62,6 +62,22 @@ handlers = ["tests.console_handlers:billing"]
 kind = "generic"
 id_header = "x-github-delivery"
 event_type_header = "x-github-event"
+
+[sources.shop]
+kind = "generic"
+id_json_pointer = "/id"
+event_type_json_pointer = "/type"
+ordering_key = "/data/customer"
+rate_limit = "50/s"
+
+[sources.shop.destinations.ledger]
+event_types = ["invoice.*"]
+handlers = ["tests.handlers:record_warehouse"]
+rate_limit = "30/m"
+
+[sources.shop.destinations.audit]
+event_types = ["refund.*"]
+handlers = ["tests.handlers:record_billing"]
 """
 
 
@@ -319,6 +335,34 @@ async def test_an_operator_pauses_a_source_with_a_reason_then_resumes_it(
         await page.get_by_role("button", name="Resume").click()
     await expect(page.get_by_role("status")).to_contain_text("Resumed")
     await console.wait_status("evt_paused", "processed")
+
+
+async def test_a_source_page_shows_its_configuration_destinations_counts_and_latest(
+    console: Console, page: Page
+) -> None:
+    await console.deliver("evt_shop", source="shop")
+    await console.wait_status("evt_shop", "processed")
+    await sign_in(page, console, "/console/sources/shop")
+    config = page.locator("#source-config")
+    await expect(config).to_contain_text("generic")
+    await expect(page.locator("#source-rate-limit")).to_have_text("50/s")
+    await expect(page.locator("#source-ordering-key")).to_have_text("/data/customer")
+    ledger = page.locator("#source-destination-ledger")
+    await expect(ledger).to_contain_text("invoice.*")
+    await expect(ledger).to_contain_text("tests.handlers:record_warehouse")
+    await expect(ledger).to_contain_text("30/m")
+    await expect(ledger).to_contain_text("processed 1")
+    audit = page.locator("#source-destination-audit")
+    await expect(audit).to_contain_text("refund.*")
+    await expect(audit).to_contain_text("none yet")  # the event matched only the ledger
+    counts = page.locator("#source-counts")
+    await expect(counts.get_by_role("link", name="1")).to_have_attribute(
+        "href", "/console/messages?source=shop&status=processed"
+    )
+    latest = page.locator("#source-latest table.messages tbody tr")
+    await expect(latest).to_have_count(1)
+    await expect(latest).to_contain_text("evt_shop")
+    await expect(page.locator("#pause-state")).to_contain_text("Running")
 
 
 async def test_bulk_retry_of_a_filter_after_its_dry_run_count(console: Console, page: Page) -> None:

@@ -111,12 +111,15 @@ def test_the_handler_examples_run_as_documented(embedded_home: Path) -> None:
         shell(init[1], tmp_path, env)
         env_py = tmp_path / "myapp" / "migrations" / "env.py"
         text = env_py.read_text()
-        # "right after `config = context.config`, add the lines below, and add
-        # `version_table=VERSION_TABLE,` to both `context.configure(` calls"
+        # "add `import os` to the imports at its top and the two lines after `config =
+        # context.config` below, and add `version_table=VERSION_TABLE,` to both
+        # `context.configure(` calls"
         assert text.count("config = context.config\n") == 1
         assert text.count("context.configure(") == 2
-        text = text.replace(
-            "config = context.config\n", f"config = context.config\n\n{env_lines[1]}"
+        imports, _, added = env_lines[1].partition("config = context.config\n")
+        assert imports.startswith("import os\n")
+        text = "import os\n" + text.replace(
+            "config = context.config\n", f"config = context.config\n{added}"
         )
         text = text.replace("context.configure(", "context.configure(version_table=VERSION_TABLE,")
         env_py.write_text(text)

@@ -12,6 +12,9 @@ import asyncpg
 import pytest
 
 from service.core.collector import YOUNG_COLLECTION_THRESHOLD
+from service.core.db import create_engine
+from service.core.settings import Settings
+from service.store.admin import discard_message
 from tests.processing_helpers import create_effects, wait_until
 from tests.server import handler_source
 from tests.worker_process import start_worker, stop, wait_listening
@@ -121,3 +124,51 @@ async def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(
         "SELECT outcome, count(*) AS n FROM inbox_attempts GROUP BY outcome ORDER BY outcome"
     )
     assert {r["outcome"]: r["n"] for r in outcomes} == {"abandoned": 50, "processed": 300}
+
+
+async def test_a_message_whose_worker_was_killed_is_discarded_at_once_and_never_runs_again(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    # The poison message kills its worker (os._exit mid-batch); its claim stays live for the
+    # lease margin. The operator's discard goes through at once, and once the claim would
+    # have expired, a fresh worker runs it no more: it stays discarded and its worker lives.
+    await create_effects(db)
+    toml = handler_source("exit_on_poison", "hooks", "X-Message-Id")
+    victim = start_worker(database_url, toml, tmp_path, "victim")
+    await wait_listening(db, 1)
+    poison = await db.fetchval(
+        "INSERT INTO inbox_messages (source, message_id, body, content_type) "
+        "VALUES ('hooks', 'poison', '{}', 'application/json') RETURNING id"
+    )
+    await db.execute("NOTIFY webhook_inbox, 'hooks'")
+    deadline = time.monotonic() + 30
+    while victim.poll() is None:
+        assert time.monotonic() < deadline, "the poison message did not kill its worker"
+        await asyncio.sleep(0.05)
+    claimed = await db.fetchval(
+        "SELECT (SELECT count(*) FROM inbox_claims WHERE locked_until > now()) "
+        "+ (SELECT count(*) FROM inbox_messages WHERE locked_until > now())"
+    )
+    assert claimed == 1  # killed with its claim live (the default 30 s lease margin)
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    try:
+        row, changed = await discard_message(engine, poison, "operator")
+    finally:
+        await engine.dispose()
+    assert (row["status"], changed) == ("discarded", True)
+    # A worker whose lease margin is up long before this test ends, reaping and claiming.
+    survivor = start_worker(
+        database_url, toml, tmp_path, "survivor", INBOX_WORKER_LEASE_MARGIN_SECONDS="0.5"
+    )
+    try:
+        await wait_listening(db, 1)
+        await db.execute("UPDATE inbox_claims SET locked_until = now() - interval '1 second'")
+        await db.execute("NOTIFY webhook_inbox, 'hooks'")
+        await asyncio.sleep(3)
+        assert survivor.poll() is None  # the poison did not run again
+    finally:
+        assert await stop(survivor) == 0
+    assert await db.fetchval("SELECT status FROM inbox_messages") == "discarded"
+    outcomes = await db.fetch("SELECT outcome FROM inbox_attempts WHERE message_id = $1", poison)
+    assert [r["outcome"] for r in outcomes] == ["admin_discard"]
+    assert await db.fetchval("SELECT count(*) FROM effects") == 0

@@ -10,8 +10,19 @@ import asyncpg
 
 from service.api.security import token_fingerprint
 from service.core.db import asyncpg_dsn, create_engine
+from service.core.schema import Status
 from service.core.settings import Settings
 from service.store.admin import MessageFilter, bulk_retry
+from service.store.claims import (
+    AttemptResult,
+    MessageRow,
+    claim_due,
+    expired_leases,
+    hold_claimed,
+    lock_due,
+    record_results,
+    short_transaction,
+)
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, status_of
 from tests.conftest import AppFactory
 
@@ -144,18 +155,14 @@ async def test_discard_keeps_the_dedup_row_so_a_redelivery_is_a_duplicate(
     assert await history(db, row_id) == [("admin_discard", 0, FINGERPRINT)]
 
 
-async def test_discard_refuses_processed_processing_and_unknown(
+async def test_discard_refuses_processed_and_unknown(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     done = await seed(db, "m-done", status="processed")
-    busy = await seed(db, "m-busy", status="processing")
     dead = await seed(db, "m-dead", status="dead")
     async with admin_client(client_for) as client:
         assert (
             await client.post(f"/admin/messages/{done}/discard", headers=AUTH)
-        ).status_code == 409
-        assert (
-            await client.post(f"/admin/messages/{busy}/discard", headers=AUTH)
         ).status_code == 409
         assert (await client.post("/admin/messages/9999/discard", headers=AUTH)).status_code == 404
         assert (
@@ -163,6 +170,47 @@ async def test_discard_refuses_processed_processing_and_unknown(
         ).status_code == 200
     assert await status_of(db, done) == "processed"
     assert await status_of(db, dead) == "discarded"
+
+
+def late_finish(message: int, attempt: int) -> AttemptResult:
+    """The outcome a killed attempt's process would have written, had it lived on."""
+    now = datetime.now(UTC)
+    return AttemptResult(message, attempt, Status.PROCESSED, "processed", now, now)
+
+
+async def test_a_killed_processs_lease_is_discarded_at_once_and_never_runs_again(
+    client_for: AppFactory, db: asyncpg.Connection, database_url: str
+) -> None:
+    # A worker killed mid-attempt leaves its lease live for up to the lease margin, and no
+    # lock: the operator's discard goes through at once instead of answering 409.
+    leased = await seed(db, "m-poison", status="processing", attempts=2)
+    await db.execute(
+        "UPDATE inbox_messages SET locked_until = now() + interval '30 seconds' WHERE id = $1",
+        leased,
+    )
+    async with admin_client(client_for) as client:
+        discarded = await client.post(f"/admin/messages/{leased}/discard", headers=AUTH)
+    assert discarded.status_code == 200, discarded.text
+    assert (discarded.json()["status"], discarded.json()["action"]) == (
+        "discarded",
+        "admin_discard",
+    )
+    row = await db.fetchrow("SELECT status, attempts, locked_until FROM inbox_messages")
+    assert (row["status"], row["attempts"], row["locked_until"]) == ("discarded", 2, None)
+    assert await history(db, leased) == [("admin_discard", 2, FINGERPRINT)]
+    # Its lease expires unreaped: neither the reaper nor a claim takes the message, and the
+    # killed attempt's finish, were it to come late, is fenced off.
+    await db.execute("UPDATE inbox_messages SET locked_until = now() - interval '1 second'")
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    try:
+        async with short_transaction(engine) as conn:
+            assert await expired_leases(conn, 10) == []
+        assert await claim_due(engine, {"hooks": 30.0}, 10) == []
+        assert await record_results(engine, [late_finish(leased, 2)], "late", leased=True) == set()
+    finally:
+        await engine.dispose()
+    assert await status_of(db, leased) == "discarded"
+    assert await history(db, leased) == [("admin_discard", 2, FINGERPRINT)]
 
 
 async def claimed_between_runs(db: asyncpg.Connection) -> int:
@@ -177,22 +225,39 @@ async def claimed_between_runs(db: asyncpg.Connection) -> int:
     return claimed
 
 
-async def test_a_message_claimed_by_a_batch_between_its_runs_is_refused_as_processing(
-    client_for: AppFactory, db: asyncpg.Connection
+async def test_a_batch_claim_without_a_lock_is_discarded_at_once_and_never_runs_again(
+    client_for: AppFactory, db: asyncpg.Connection, database_url: str
 ) -> None:
-    # A batch whose optimistic run rolled back holds no lock until its rerun, but its claim
-    # stands: the message is in flight, and the admin treats it as `processing`.
+    # A batch whose process was killed (or whose optimistic run rolled back) holds no lock, but
+    # its claim stands: the message shows `processing`. A retry is refused; a discard takes
+    # the message out of the batch's hands at once, its claimed attempt counted.
     claimed = await claimed_between_runs(db)
     async with admin_client(client_for) as client:
-        discard = await client.post(f"/admin/messages/{claimed}/discard", headers=AUTH)
         retry = await client.post(f"/admin/messages/{claimed}/retry", headers=AUTH)
-    assert (discard.status_code, discard.json()["status"]) == (409, 409)
-    assert "processing" in discard.json()["detail"]
+        shown = (await client.get(f"/admin/messages/{claimed}", headers=AUTH)).json()
+        discard = await client.post(f"/admin/messages/{claimed}/discard", headers=AUTH)
     assert retry.status_code == 409
     assert "processing" in retry.json()["detail"]
+    assert shown["status"] == "processing"
+    assert discard.status_code == 200, discard.text
     row = await db.fetchrow("SELECT status, attempts FROM inbox_messages")
-    assert (row["status"], row["attempts"]) == ("retrying", 1)
-    assert await db.fetchval("SELECT count(*) FROM inbox_attempts") == 0
+    assert (row["status"], row["attempts"]) == ("discarded", 2)
+    assert await db.fetchval("SELECT count(*) FROM inbox_claims") == 0
+    assert await history(db, claimed) == [("admin_discard", 2, FINGERPRINT)]
+    engine = create_engine(database_url, Settings(database_url=database_url))
+    try:
+        # The batch's rerun, or its late finish, finds the message no longer its own.
+        async with engine.begin() as conn:
+            batch = await lock_due(conn, ["hooks"], 10)
+            assert (batch.rows, batch.abandoned) == ([], [])
+            row = MessageRow(claimed, "hooks", "m-claimed", None, 1, {}, b"", None)
+            assert await hold_claimed(conn, [row], leased=False) == set()
+        assert (
+            await record_results(engine, [late_finish(claimed, 2)], "late", leased=False) == set()
+        )
+    finally:
+        await engine.dispose()
+    assert await status_of(db, claimed) == "discarded"
 
 
 async def test_an_action_on_a_message_a_batch_holds_is_refused_without_waiting_for_it(

@@ -124,6 +124,105 @@ async def test_after_an_operator_retry_both_attempt_counts_are_shown_and_named(
     assert both in console_list
 
 
+async def test_after_an_operator_retry_a_destination_shows_both_attempt_counts(
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    message = await seed(db, "m-routed", source="routed", status="retrying", attempts=6)
+    await db.execute(
+        "INSERT INTO inbox_destinations (message_id, destination, source, status, attempts) "
+        "VALUES ($1, 'billing', 'routed', 'retrying', 4), "
+        "($1, 'warehouse', 'routed', 'retrying', 2)",
+        message,
+    )
+    # billing: 3 failed, retried on its own, 1 failed; warehouse: 1 failed, the whole message
+    # retried (which ran its unfinished destinations again), 1 failed.
+    history = [
+        ("failed", "billing"),
+        ("failed", "warehouse"),
+        ("failed", "billing"),
+        ("admin_retry", None),
+        ("failed", "billing"),
+        ("failed", "warehouse"),
+        ("admin_retry", "billing"),
+        ("failed", "billing"),
+    ]
+    for n, (outcome, destination) in enumerate(history, 1):
+        await db.execute(
+            "INSERT INTO inbox_attempts (message_id, attempt, started_at, outcome, destination) "
+            "VALUES ($1, $2, now() - make_interval(secs => 10 - $2), $3, $4)",
+            message,
+            n,
+            outcome,
+            destination,
+        )
+    async with admin_client(client_for) as client:
+        shown = (await client.get(f"/admin/messages/{message}", headers=AUTH)).json()
+        await sign_in(client)
+        page = (await client.get(f"/console/messages/{message}")).text
+    counts = {
+        d["name"]: (d["attempt_count"], d["attempt_count_total"]) for d in shown["destinations"]
+    }
+    assert counts == {"billing": (1, 4), "warehouse": (1, 2)}
+    detail = await cli(monkeypatch, database_url, "messages", "show", str(message))
+    for text in (detail.out, page):
+        assert "1 since retry, 4 in all" in text
+        assert "1 since retry, 2 in all" in text
+
+
+async def test_a_message_held_by_its_ordering_key_says_so_in_the_lists_and_can_be_picked(
+    client_for: AppFactory,
+    db: asyncpg.Connection,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ids = {
+        name: await seed(db, name, status=status, ordering_key=key)
+        for name, status, key in [
+            ("a-done", "processed", "a"),
+            ("a-1", "dead", "a"),
+            ("a-2", "pending", "a"),
+            ("b-1", "pending", "b"),
+            ("a-3", "retrying", "a"),
+            ("none", "pending", None),
+        ]
+    }
+    async with admin_client(client_for) as client:
+
+        async def listed(query: str) -> dict[str, Any]:
+            answer = await client.get(f"/admin/messages?{query}", headers=AUTH)
+            assert answer.status_code == 200, answer.text
+            return {m["message_id"]: m["held_behind"] for m in answer.json()["items"]}
+
+        everything = (await client.get("/admin/messages", headers=AUTH)).json()["items"]
+        held = await listed("held=true")
+        key_a = await listed("ordering_key=a")
+        key_a_free = await listed("ordering_key=a&held=false")
+    assert {m["message_id"]: (m["ordering_key"], m["held_behind"]) for m in everything} == {
+        "a-done": ("a", None),
+        "a-1": ("a", None),
+        "a-2": ("a", ids["a-1"]),
+        "b-1": ("b", None),
+        "a-3": ("a", ids["a-1"]),
+        "none": (None, None),
+    }
+    assert held == {"a-2": ids["a-1"], "a-3": ids["a-1"]}
+    assert set(key_a) == {"a-done", "a-1", "a-2", "a-3"}
+    assert set(key_a_free) == {"a-done", "a-1"}
+
+    table = await cli(monkeypatch, database_url, "messages", "list")
+    assert f"pending, held behind {ids['a-1']}" in table.out
+    assert f"retrying, held behind {ids['a-1']}" in table.out
+    only_held = await cli(monkeypatch, database_url, "messages", "list", "--held", "--json")
+    assert sorted(m["message_id"] for m in only_held.json()["items"]) == ["a-2", "a-3"]
+    key_b = await cli(
+        monkeypatch, database_url, "messages", "list", "--ordering-key", "b", "--json"
+    )
+    assert [m["message_id"] for m in key_b.json()["items"]] == ["b-1"]
+
+
 async def test_filters_and_paging(
     db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

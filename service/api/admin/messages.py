@@ -21,6 +21,7 @@ from service.api.admin.models import (
     DeadLetterGroup,
     DeadLetterGroups,
     DeadLetterQuery,
+    DestinationState,
     MessageDetail,
     MessageFilters,
     MessagePage,
@@ -65,12 +66,14 @@ def to_filter(filters: MessageFilters, statuses: list[str]) -> MessageFilter:
         received_after=filters.received_after,
         received_before=filters.received_before,
         error_type=filters.error_type,
+        ordering_key=filters.ordering_key,
+        held=filters.held,
     )
 
 
 def cursor_scope(listing: str, filters: MessageFilter) -> str:
     """What a cursor is bound to: the listing and its filters, canonically written."""
-    fields = {
+    fields: dict[str, Any] = {
         "source": filters.source,
         "statuses": sorted(set(filters.statuses)),
         "event_type": filters.event_type,
@@ -78,6 +81,13 @@ def cursor_scope(listing: str, filters: MessageFilter) -> str:
         "received_after": filters.received_after,
         "received_before": filters.received_before,
         "error_type": filters.error_type,
+    }
+    # Named only when set, so that the cursors of pages listed before these filters existed
+    # still hold.
+    fields |= {
+        name: value
+        for name, value in (("ordering_key", filters.ordering_key), ("held", filters.held))
+        if value is not None
     }
     return listing + json.dumps(fields, sort_keys=True, default=str)
 
@@ -193,6 +203,7 @@ def detail_from_row(row: Mapping[str, Any]) -> MessageDetail:
             "payload": payload,
             "body_base64": body_base64,
             "attempts": row["attempt_history"],
+            "destinations": [DestinationState.from_row(d) for d in row["destinations"]],
             "trace_id": trace_id_of(row["trace_context"]),
         }
     )
@@ -252,7 +263,13 @@ async def retry_message(
     "/messages/{id}/discard", response_model=RetryResult, responses=problem_responses(404, 409)
 )
 async def discard_message(state: StateDep, admin: AdminDep, id: MessageIdPath) -> RetryResult:
-    """Set a message aside as discarded; its dedup row stays, so redeliveries stay duplicates."""
+    """Set a message aside as discarded, at once; its dedup row stays, so redeliveries stay
+    duplicates.
+
+    A `processing` message is discarded too unless a live attempt holds its row (a killed
+    worker's claim is dropped; that attempt's late finish changes nothing); a held one answers
+    409 after a wait of up to 2 s, as does a `processed` one.
+    """
     with tracing.admin_span("discard", id=id) as span, store_errors():
         row, changed = await store.discard_message(state.engine, id, admin.actor)
         if span is not None:

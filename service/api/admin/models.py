@@ -90,6 +90,16 @@ class MessageFilters(EventFilters):
         description="Only messages whose latest failed attempt raised this exception type "
         "(the `error_type` of their attempts, e.g. `TimeoutError`).",
     )
+    ordering_key: Text | None = Field(
+        default=None,
+        description="Only messages with this ordering key (the source's `ordering_key` of "
+        "them): one key's messages, in the order they are processed.",
+    )
+    held: bool | None = Field(
+        default=None,
+        description="`true`: only messages held behind an earlier unfinished message of their "
+        "ordering key (`held_behind` set); `false`: only those not held.",
+    )
 
 
 class PageQuery(BaseModel):
@@ -115,6 +125,15 @@ class MessageQuery(MessageFilters, PageQuery):
         default_factory=list,
         description="Only messages in one of these statuses; repeat the parameter for several.",
     )
+
+
+def attempts_text(since_retry: int, total: int) -> str:
+    """Both attempt counts as the command line and the console show them (of a message or of
+    one of its destinations): `6`, or once an operator has retried it, `1 since retry, 6 in
+    all`."""
+    if since_retry == total:
+        return str(total)
+    return f"{since_retry} since retry, {total} in all"
 
 
 class MessageSummary(BaseModel):
@@ -144,17 +163,31 @@ class MessageSummary(BaseModel):
     )
     processed_at: datetime | None = Field(description="When its handlers committed, if they did.")
     last_error: str | None = Field(description="The error of the latest failed attempt, if any.")
+    ordering_key: str | None = Field(
+        default=None,
+        description="The source's `ordering_key` of the message: messages with one key are "
+        "processed one at a time, in the order they were accepted. Null: unordered.",
+    )
+    held_behind: int | None = Field(
+        default=None,
+        description="The inbox id of the earlier message of its key that this one waits for "
+        "(pending, retrying, processing or dead); discard or retry that one to release it. "
+        "Null when it waits for none: its `status` then says where it is.",
+    )
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> MessageSummary:
         return cls.model_validate({**row, "attempt_count": row["attempts"]})
 
+    def status_text(self) -> str:
+        """The status as the command line's list shows it: `pending`, or for a message its
+        ordering key holds, `pending, held behind 17`."""
+        if self.held_behind is None:
+            return self.status.value
+        return f"{self.status.value}, held behind {self.held_behind}"
+
     def attempts_text(self) -> str:
-        """Both counts as the command line and the console show them: `6`, or once an operator
-        has retried the message, `1 since retry, 6 in all`."""
-        if self.attempt_count == self.attempt_count_total:
-            return str(self.attempt_count_total)
-        return f"{self.attempt_count} since retry, {self.attempt_count_total} in all"
+        return attempts_text(self.attempt_count, self.attempt_count_total)
 
 
 class MessagePage(BaseModel):
@@ -201,10 +234,36 @@ class DestinationState(BaseModel):
     status: Status = Field(
         description="`pending` (to run), `retrying`, `processed`, `dead` or `discarded`."
     )
-    attempts: int = Field(description="Attempts this destination has made for the message.")
+    attempts: int = Field(
+        description="Attempts this destination has made for the message, in all (as "
+        "`attempt_count_total`; kept for existing clients)."
+    )
+    attempt_count: int = Field(
+        description="Its attempts since an operator last ran it again (a retry or replay of "
+        "it, or of the whole message, that ran it); as many as `attempt_count_total` when "
+        "none has."
+    )
+    attempt_count_total: int = Field(
+        description="Its attempts in all, across operators' retries: its attempt rows in the "
+        "history."
+    )
     last_error: str | None = Field(description="The error of its latest failed attempt.")
     updated_at: datetime = Field(description="When its state last changed.")
     processed_at: datetime | None = Field(description="When its effects committed, if they did.")
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> DestinationState:
+        return cls.model_validate(
+            {
+                **row,
+                "attempt_count": min(row["attempts_since"], row["attempts"]),
+                "attempt_count_total": row["attempts"],
+            }
+        )
+
+    def attempts_text(self) -> str:
+        """Both counts, as a message's (`attempts_text`)."""
+        return attempts_text(self.attempt_count, self.attempt_count_total)
 
 
 class MessageDetail(MessageSummary):
@@ -230,17 +289,6 @@ class MessageDetail(MessageSummary):
         description="Of a source with named destinations: each destination that has run for "
         "the message (or been replayed to), by name; the message's `status` summarises them. "
         "Empty for a source without named destinations.",
-    )
-    ordering_key: str | None = Field(
-        default=None,
-        description="The source's `ordering_key` of the message: messages with one key are "
-        "processed one at a time, in the order they were accepted. Null: unordered.",
-    )
-    held_behind: int | None = Field(
-        default=None,
-        description="The inbox id of the earlier message of its key that this one waits for "
-        "(pending, retrying, processing or dead); discard or retry that one to release it. "
-        "Null when it waits for none.",
     )
     trace_id: str | None = Field(
         default=None,
@@ -369,6 +417,9 @@ class DestinationInfo(BaseModel):
     payload_filter: bool = Field(description="Whether it has a payload filter too.")
     handlers: list[HandlerInfo] = Field(description="Its Python handlers, if it runs any.")
     forward: ForwardInfo | None = Field(description="Its HTTP endpoint, if it forwards.")
+    rate_limit: str | None = Field(
+        default=None, description="Its `rate_limit` as configured (`30/m`); null: none."
+    )
 
 
 class BreakerState(BaseModel):
@@ -451,6 +502,16 @@ class SourceInfo(BaseModel):
     )
     redelivery_days: float = Field(
         description="How long the kind's senders may redeliver: retention never prunes sooner."
+    )
+    rate_limit: str | None = Field(
+        default=None,
+        description="Its `rate_limit` as configured (`100/s`): messages claimed a second, by "
+        "every process together; null: none.",
+    )
+    ordering_key: str | None = Field(
+        default=None,
+        description="Its `ordering_key` (`/json/pointer` or `header:Name`): messages of one key "
+        "run one at a time, in order; null: unordered.",
     )
     paused: SourcePause | None = Field(
         default=None, description="Its processing's pause, if an operator has paused it."

@@ -187,6 +187,7 @@ def describe(source: AnySource) -> SourceInfo:
             payload_filter=d.payload is not None,
             handlers=handler_infos(d),
             forward=forward_info(d.forward),
+            rate_limit=d.rate_limit.text if d.rate_limit else None,
         )
         for name, d in config.destinations.items()
     ]
@@ -199,13 +200,15 @@ def describe(source: AnySource) -> SourceInfo:
         forward=forward_info(config.forward),
         destinations=destinations,
         redelivery_days=source.redelivery_days,
+        rate_limit=config.rate_limit.text if config.rate_limit else None,
+        ordering_key=config.ordering_key,
     )
 
 
 @router.get("/sources", response_model=SourceList)
 async def sources(state: StateDep) -> SourceList:
-    """List the configured sources: kind, mode, handlers, forward URL, destinations, whether
-    paused; never a secret."""
+    """List the configured sources: kind, mode, handlers, forward URL, destinations, rate
+    limit, ordering key, whether paused, breaker; never a secret."""
     paused = await flow.pauses(state.engine)
     gates = await flow.snapshot(state.engine)
     return SourceList(

@@ -16,6 +16,7 @@ from starlette.responses import RedirectResponse, Response
 
 from service.api.admin import messages as messages_api
 from service.api.admin import operations
+from service.api.admin.destinations import collect_destination_stats, configured_of
 from service.api.admin.models import (
     MAX_ID,
     ActivityQuery,
@@ -36,6 +37,7 @@ from service.api.problems import ProblemError
 from service.api.state import AppState, StateDep
 from service.core.schema import UNFINISHED
 from service.store import admin as store
+from service.store.admin import MessageFilter
 
 router = APIRouter()
 
@@ -333,19 +335,33 @@ async def confirm_bulk_retry(request: Request, state: StateDep, operator: Operat
     )
 
 
+SOURCE_LATEST = 10  # deliveries the source page lists
+
+
 @router.get("/sources/{name}")
 async def source_page(
     name: str, state: StateDep, operator: OperatorDep, done: str | None = None
 ) -> Response:
-    """One source: whether its processing is paused, by whom and why; pause or resume it."""
+    """One source: its configuration, counts, destinations and latest deliveries; whether its
+    processing is paused, by whom and why; pause or resume it."""
     listed = {s.name: s for s in (await operations.sources(state)).sources}
     if name not in listed:
         raise ConsoleError(404, "No such source", f"no source {name!r} is configured")
+    stats = await operations.stats(state)
+    counted = {s.source: s for s in stats.sources}
+    pairs = await collect_destination_stats(state.engine, configured_of(state.inbox))
+    latest = await messages_api.page(
+        state, "messages", MessageFilter(source=name), SOURCE_LATEST, None
+    )
     return operator.page(
         "source.html",
         title=f"Source {name}",
         nav="overview",
         source=listed[name],
+        counts=counted[name].counts if name in counted else {},
+        statuses=store.STATUSES,
+        pairs={d.destination: d for d in pairs.destinations if d.source == name},
+        latest=latest,
         notice={
             "paused": "Paused: no message of this source is claimed until it is resumed; "
             "deliveries are still accepted.",
