@@ -17,13 +17,7 @@ from service.processing.ordering import Stopped, behind
 from service.processing.policy import UNCONFIGURED_POLICY, failed_attempt, retry_failure
 from service.processing.runner import BatchDeadline, flush_effects, handler_scope, run_handlers
 from service.store.attempts import finish_attempts, load_destinations, record_results
-from service.store.claims import (
-    RESTORE_PLANS,
-    ExpiredLease,
-    hold_claimed,
-    lock_due,
-    record_claims,
-)
+from service.store.claims import RESTORE_PLANS, ExpiredLease, hold_claimed, lock_due, record_claims
 from service.store.results import AttemptResult, MessageRow
 from service.store.savepoints import MessageSavepoints, batch_transaction
 from service.worker.base import Claimed, WorkerBase

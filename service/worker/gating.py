@@ -10,9 +10,7 @@ from service.core.flow import BreakerState, Change
 from service.core.schema import Status
 from service.processing.gates import breaks_circuit
 from service.store import flow
-from service.store.claims import (
-    claim_due,
-)
+from service.store.claims import claim_due
 from service.store.flow import gate_key
 from service.store.results import AttemptResult
 from service.worker.base import Claimed, WorkerBase

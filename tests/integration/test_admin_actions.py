@@ -13,16 +13,10 @@ from service.core.db import asyncpg_dsn, create_engine
 from service.core.schema import Status
 from service.core.settings import Settings
 from service.store.admin import MessageFilter, bulk_retry
-from service.store.claims import (
-    AttemptResult,
-    MessageRow,
-    claim_due,
-    expired_leases,
-    hold_claimed,
-    lock_due,
-    record_results,
-    short_transaction,
-)
+from service.store.attempts import record_results
+from service.store.claims import claim_due, expired_leases, hold_claimed, lock_due
+from service.store.results import AttemptResult, MessageRow
+from service.store.savepoints import short_transaction
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, status_of
 from tests.conftest import AppFactory
 

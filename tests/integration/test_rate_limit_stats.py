@@ -11,6 +11,16 @@ from tests.admin_seed import AUTH, TOKEN
 from tests.conftest import AppFactory
 from tests.processing_helpers import config, delivery, wait_until
 
+# No batch holds a message: none has a claim, and every unfinished row can be locked (a batch
+# that locked rows before the pause may not have recorded its claims yet).
+SETTLED = """
+    SELECT (SELECT count(*) FROM inbox_claims) = 0
+       AND (SELECT count(*) FROM (SELECT 1 FROM inbox_messages
+                                   WHERE status IN ('pending', 'retrying')
+                                     FOR UPDATE SKIP LOCKED) AS free)
+         = (SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'retrying'))
+"""
+
 
 def claimed_metric(metrics: str) -> float | None:
     prefix = 'webhook_inbox_rate_limit_claimed_total{destination="",source="hooks"}'
@@ -35,7 +45,7 @@ async def test_the_stats_and_metrics_show_the_limit_its_rate_and_the_wait(
         pause = {"operator": "test", "reason": "read the counts"}
         await client.post("/admin/sources/hooks/pause", json=pause, headers=AUTH)
         elapsed = time.monotonic() - started
-        await wait_until(db, "SELECT count(*) FROM inbox_claims", 0)
+        await wait_until(db, SETTLED, True)
         processed = await db.fetchval(done)
         deadline = time.monotonic() + 10
         while claimed_metric(metrics := (await client.get("/metrics")).text) != processed:
