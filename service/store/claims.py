@@ -159,6 +159,16 @@ async def hold_claimed(
     return {r.id for r in await conn.execute(HOLD_CLAIMED if leased else HOLD_LOCKED, params)}
 
 
+# The plan of a locked claim (LOCK_DUE, LOCK_KEYED): the due index walked in order (NO_SORTS),
+# each candidate's claim probed on `inbox_claims`' primary key (`due._CLAIM`), the batch's rows
+# then found by id (BY_ID_PLANS). With sequential scans off, a probe of a churned, unvacuumed
+# `inbox_claims` is never a scan of it: a claim of 100 from a backlog of a million read 311,
+# 1,369 and 2,328 buffers (0.1-2.1 ms) at 0, 25 and 50 % drained, before and after ANALYZE,
+# against up to 138,727 (53-128 ms) as a join (issue 70; docs/benchmarks.md).
+CLAIM_PLANS = text(
+    "SELECT set_config('enable_sort', 'off', true), " + BY_ID_PLANS.removeprefix("SELECT ")
+)
+
 # What a batch's transaction sends before any handler runs: its own statements' planner
 # settings (NO_SORTS, BY_ID_PLANS) are the inbox's, not the handlers'.
 RESTORE_PLANS = (
@@ -181,11 +191,12 @@ async def lock_due(
     """Lock up to `limit` due messages of `sources` in `conn`'s transaction (which this begins:
     call it first), in id order. `keyed`: as for `claim_due`.
 
-    The claim's plan is the due index's (see NO_SORTS): sorts are left disabled, and the
-    caller must restore them (RESTORE_PLANS, `MessageSavepoints.defer`) before any handler
-    runs a statement in the transaction.
+    The claim's plan is the due index's, each claim probed by id (CLAIM_PLANS): sorts,
+    sequential scans, hash and merge joins are left disabled, and the caller must restore them
+    (RESTORE_PLANS, `MessageSavepoints.defer`) before any handler runs a statement in the
+    transaction.
     """
-    await conn.execute(NO_SORTS)
+    await conn.execute(CLAIM_PLANS)
     driver = await driver_of(conn)
     ordered, share = keyed_share(sources, keyed, limit)
     records = await driver.fetch(LOCK_KEYED, ordered, share) if ordered else []
