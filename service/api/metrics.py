@@ -10,6 +10,7 @@ from starlette.responses import Response
 from service.api.state import StateDep
 from service.core.metrics import CONTENT_TYPE, InboxSnapshot
 from service.core.schema import UNFINISHED, Status
+from service.store.admin import catch_up
 from service.store.counts import status_counts
 from service.store.errors import StoreUnavailable
 
@@ -45,11 +46,21 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
             backlog[g.source] = max(backlog.get(g.source, 0.0), g.oldest_age_seconds)
         elif g.status == Status.DEAD:
             dead[g.source] = g.count
+    unfinished = sum(g.count for g in groups if g.status in UNFINISHED)
+    try:
+        rates = await catch_up(state.engine, unfinished)
+    except StoreUnavailable as exc:
+        log.warning("metrics: database unavailable", extra={"error": str(exc)})
+        return None
     return InboxSnapshot(
         counts={(g.source, g.status): g.count for g in groups},
         oldest_pending_age_seconds=max(ages) if ages else 0.0,
         backlog_age_seconds=backlog,
         dead_letters=dead,
+        backlog=rates.backlog,
+        drain_rate_per_second=rates.drained_per_second,
+        arrival_rate_per_second=rates.received_per_second,
+        catch_up_seconds=rates.seconds_left,
     )
 
 
@@ -59,7 +70,8 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
     responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format."}},
 )
 async def metrics(state: StateDep) -> Response:
-    """Prometheus metrics: deliveries, latency, messages by status, backlog age, dead letters."""
+    """Prometheus metrics: deliveries, latency, messages by status, backlog and its catch-up, dead
+    letters."""
     if not state.metrics.snapshot_is_fresh(SNAPSHOT_CACHE_SECONDS):
         state.metrics.set_inbox_snapshot(await read_snapshot(state))
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)

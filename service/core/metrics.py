@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -62,6 +63,11 @@ class InboxSnapshot:
     # configured source with none, so that alert rules see the series before the first).
     backlog_age_seconds: Mapping[str, float] = field(default_factory=dict)
     dead_letters: Mapping[str, int] = field(default_factory=dict)
+    # The catch-up (`/admin/stats`' fields of the same names): None, the series omitted.
+    backlog: int = 0
+    drain_rate_per_second: float = 0.0
+    arrival_rate_per_second: float = 0.0
+    catch_up_seconds: float | None = None
 
 
 class _InboxCollector(Collector):
@@ -102,7 +108,30 @@ class _InboxCollector(Collector):
         )
         for source, count in sorted(snapshot.dead_letters.items()):
             dead.add_metric([source], count)
-        return [messages, oldest, backlog, dead]
+        catching_up = [
+            GaugeMetricFamily(
+                "webhook_inbox_backlog_messages",
+                "Messages not yet finished (pending, retrying or processing).",
+                value=snapshot.backlog,
+            ),
+            GaugeMetricFamily(
+                "webhook_inbox_drain_rate_per_second",
+                "Messages the workers finished well per second, over the last 10 seconds.",
+                value=snapshot.drain_rate_per_second,
+            ),
+            GaugeMetricFamily(
+                "webhook_inbox_arrival_rate_per_second",
+                "New messages received per second, over the last 10 seconds.",
+                value=snapshot.arrival_rate_per_second,
+            ),
+            GaugeMetricFamily(
+                "webhook_inbox_catch_up_seconds",
+                "Estimated seconds to work off the backlog (backlog over drain less arrival "
+                "rate); 0 with no backlog, +Inf while it is not shrinking.",
+                value=math.inf if snapshot.catch_up_seconds is None else snapshot.catch_up_seconds,
+            ),
+        ]
+        return [messages, oldest, backlog, dead, *catching_up]
 
 
 _Labelled = TypeVar("_Labelled", Counter, Histogram)

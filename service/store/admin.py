@@ -556,6 +556,46 @@ async def recent_attempts(engine: AsyncEngine) -> tuple[int, int, int]:
     return int(row.attempts), int(row.failures), int(row.admin_actions)
 
 
+# The catch-up's two rates, over the last RATE_WINDOW_SECONDS: messages a worker finished well
+# (succeeded attempts, as the activity chart counts them) and messages first received. Both
+# read a time index, over what a few seconds hold, not the hour RECENT_ATTEMPTS reads.
+RATE_WINDOW_SECONDS = 10
+RECENT_RATES = text(
+    f"""
+    SELECT (SELECT count(*) FROM inbox_attempts
+             WHERE started_at >= now() - interval '{RATE_WINDOW_SECONDS} seconds'
+               AND outcome = ANY(:success)) AS drained,
+           (SELECT count(*) FROM inbox_messages
+             WHERE received_at >= now() - interval '{RATE_WINDOW_SECONDS} seconds') AS received
+    """  # noqa: S608 - a constant of ours
+)
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """How fast the backlog (pending, retrying, processing) is being worked off."""
+
+    backlog: int
+    drained_per_second: float
+    received_per_second: float
+
+    @property
+    def seconds_left(self) -> float | None:
+        """The backlog over the rate it shrinks at (drained less received): 0 with no backlog,
+        None while it is not shrinking."""
+        if self.backlog == 0:
+            return 0.0
+        shrinking = self.drained_per_second - self.received_per_second
+        return self.backlog / shrinking if shrinking > 0 else None
+
+
+async def catch_up(engine: AsyncEngine, backlog: int) -> CatchUp:
+    """`backlog` with the drain and arrival rates of the last RATE_WINDOW_SECONDS."""
+    async with translate_errors(), engine.connect() as conn:
+        row = (await conn.execute(RECENT_RATES, {"success": list(SUCCESS_OUTCOMES)})).one()
+    return CatchUp(backlog, row.drained / RATE_WINDOW_SECONDS, row.received / RATE_WINDOW_SECONDS)
+
+
 # Per minute of the last `:minutes` (the current, partial minute last): messages first received
 # (a duplicate only bumps its row's receive_count, so it is not counted), and worker attempts
 # started that succeeded or failed. Both scans use a time index (received, started).

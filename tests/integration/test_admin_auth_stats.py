@@ -102,12 +102,38 @@ async def test_stats_agree_with_the_table(client_for: AppFactory, db: asyncpg.Co
     assert stats["admin_actions_last_hour"] == 1
 
 
+async def test_stats_show_the_backlog_its_rates_and_the_time_left(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # 80 messages drained in the last 10 s (and 20 an hour ago), 10 received in them; 120
+    # pending, 110 of them from an outage an hour ago: the backlog shrinks by 7 a second.
+    old = [await seed(db, f"old-{i}", status="pending", age=timedelta(hours=1)) for i in range(110)]
+    for i in range(10):
+        await seed(db, f"new-{i}", status="pending")
+    for i in range(100):
+        done = await seed(db, f"done-{i}", status="processed", age=timedelta(hours=2))
+        ago = timedelta(seconds=2) if i < 80 else timedelta(minutes=50)
+        await seed_attempt(db, done, 1, "processed", age=ago)
+    await seed_attempt(db, old[0], 1, "retrying", error="boom")  # a failure: not drained
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        stats = (await client.get("/admin/stats", headers=AUTH)).json()
+        await db.execute("UPDATE inbox_messages SET status = 'processed' WHERE status = 'pending'")
+        done = (await client.get("/admin/stats", headers=AUTH)).json()
+    assert stats["backlog"] == 120
+    assert stats["drain_rate_per_second"] == 8.0
+    assert stats["arrival_rate_per_second"] == 1.0
+    assert stats["catch_up_seconds"] == 120 / 7
+    assert (done["backlog"], done["catch_up_seconds"]) == (0, 0.0)
+
+
 async def test_stats_of_an_empty_inbox(client_for: AppFactory) -> None:
     async with client_for({}, admin_tokens=[TOKEN]) as client:
         stats = (await client.get("/admin/stats", headers=AUTH)).json()
     assert stats["total"] == 0
     assert stats["sources"] == []
     assert stats["oldest_pending_age_seconds"] is None
+    assert (stats["backlog"], stats["drain_rate_per_second"]) == (0, 0.0)
+    assert stats["catch_up_seconds"] == 0.0
 
 
 async def test_sources_describe_config_without_secrets(

@@ -61,6 +61,12 @@ async def test_metrics_expose_deliveries_latency_statuses_and_backlog(
     assert 590 < value("webhook_inbox_backlog_oldest_age_seconds", source="hooks") < 700
     assert value("webhook_inbox_dead_letters", source="hooks") == 0
     assert value("webhook_inbox_dead_letters", source="removed") == 1
+    # The catch-up: two messages left; two received in the last 10 s (the dead one too), none
+    # drained.
+    assert value("webhook_inbox_backlog_messages") == 2
+    assert value("webhook_inbox_arrival_rate_per_second") == 0.2
+    assert value("webhook_inbox_drain_rate_per_second") == 0
+    assert value("webhook_inbox_catch_up_seconds") == float("inf")
     # Present at zero before anything happened; the worker and retention count them.
     assert value("webhook_inbox_handler_duration_seconds_count", source="hooks") == 0
     assert value("webhook_inbox_pruned_rows_total", status="dead") == 0

@@ -394,6 +394,27 @@ class Stats(BaseModel):
         description="Of those, attempts that failed (the message was retried or dead-lettered)."
     )
     admin_actions_last_hour: int = Field(description="Admin retries, replays and discards.")
+    backlog: int = Field(
+        default=0,
+        description="Messages not yet finished (pending, retrying or processing): what the "
+        "workers have left to do.",
+    )
+    drain_rate_per_second: float = Field(
+        default=0.0,
+        description="Messages the workers finished well per second, over the last 10 seconds "
+        "(succeeded attempts).",
+    )
+    arrival_rate_per_second: float = Field(
+        default=0.0,
+        description="New messages received per second, over the last 10 seconds (duplicates "
+        "not counted).",
+    )
+    catch_up_seconds: float | None = Field(
+        default=None,
+        description="An estimate of the time left to work off the backlog: the backlog over "
+        "the drain rate less the arrival rate. 0 with no backlog; null while the backlog is "
+        "not shrinking (workers stopped, paused, or slower than ingest).",
+    )
     rate_limits: list[RateLimitStats] = Field(
         default_factory=list,
         description="Each rate limit's rate and wait: the sources', then their destinations', "

@@ -138,6 +138,7 @@ async def collect_stats(engine: AsyncEngine, processed: ProcessedCounts | None =
             )
     ages = [s.oldest_pending_age_seconds for s in per_source.values()]
     known = [a for a in ages if a is not None]
+    catch_up = await store.catch_up(engine, sum(by_status.get(s, 0) for s in UNFINISHED))
     return Stats(
         total=sum(by_status.values()),
         by_status=by_status,
@@ -146,6 +147,10 @@ async def collect_stats(engine: AsyncEngine, processed: ProcessedCounts | None =
         attempts_last_hour=attempts,
         failures_last_hour=failures,
         admin_actions_last_hour=admin_actions,
+        backlog=catch_up.backlog,
+        drain_rate_per_second=catch_up.drained_per_second,
+        arrival_rate_per_second=catch_up.received_per_second,
+        catch_up_seconds=catch_up.seconds_left,
     )
 
 

@@ -93,7 +93,7 @@ async def overview_context(state: AppState) -> dict[str, Any]:
     ]
     return {
         "stats": stats,
-        "backlog": sum(stats.by_status.get(s, 0) for s in UNFINISHED),
+        "backlog": stats.backlog,
         "chart": views.chart(activity.minutes),
         "sources": rows,
         "statuses": store.STATUSES,
