@@ -46,11 +46,9 @@ import psutil
 from bench.load import BODY_TEMPLATE
 from bench.ordering import INSERT as INSERT_KEYED
 from bench.ordering import STATISTICS
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, migrate
 from bench.process import INSERT_BACKLOG
-from service.core.db import asyncpg_dsn, create_engine
-from service.core.migrations import upgrade
-from service.core.settings import Settings
+from service.core.db import asyncpg_dsn
 from service.core.status import Status
 from service.store.attempts import FINISH_ATTEMPTS, outcomes_document
 from service.store.claims import CLAIM_BEGIN, HOLD_CLAIMED, RECORD_CLAIMS
@@ -407,9 +405,7 @@ async def main() -> None:
     with BenchPostgres() as pg:
         url = await pg.create_database("inbox_bench_claims")
         try:
-            engine = create_engine(url, Settings(database_url=url))
-            await upgrade(engine)
-            await engine.dispose()
+            await migrate(url)
             # Keyed first: `empty` must meet a table never analyzed with keyed rows in it.
             keyed = await measure_keyed(url, args) if args.part != "drains" else {}
             runs = await measure(url, args) if args.part != "keyed" else {}

@@ -19,9 +19,8 @@ from typing import Any
 import asyncpg
 from sqlalchemy import event
 
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, migrate
 from service.core.db import asyncpg_dsn, create_engine
-from service.core.migrations import upgrade
 from service.core.settings import Settings
 from service.store.counts import PROCESSED_COUNTS, ProcessedCounts, status_counts
 
@@ -100,9 +99,7 @@ async def main(args: argparse.Namespace) -> None:
     with BenchPostgres() as pg:
         url = await pg.create_database("bench_counts")
         try:
-            engine = create_engine(url, Settings(database_url=url))
-            await upgrade(engine)
-            await engine.dispose()
+            await migrate(url)
             started = time.monotonic()
             await fill(url, args.rows)
             print(f"filled {args.rows:,} rows in {time.monotonic() - started:.0f} s", flush=True)

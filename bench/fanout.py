@@ -61,8 +61,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="bench/fanout",
         description="Drain a backlog fanned out to 3 destinations against the same to 1.",
     )
-    parser.add_argument("--messages", type=int, default=30_000, help="backlog size (30000)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of both drains (3)")
+    add_drain_arguments(parser, messages=30_000)
+    return parser.parse_args(argv)
+
+
+def add_drain_arguments(parser: argparse.ArgumentParser, *, messages: int) -> None:
+    """The arguments of a benchmark that drains a backlog one way against another, in rounds."""
+    parser.add_argument("--messages", type=int, default=messages, help=f"backlog size ({messages})")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds, each of the drains compared once a round (3)"
+    )
     parser.add_argument(
         "--handler",
         default="execute",
@@ -70,7 +78,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the one-row effect's style, as bench/process --handlers (execute)",
     )
     parser.add_argument("--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL")
-    return parser.parse_args(argv)
 
 
 def environment(url: str, work: Path, name: str, toml: str, log_level: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.fanout import environment, timed_drain
+from bench.fanout import add_drain_arguments, environment, timed_drain
 from bench.load import BODY_TEMPLATE
 from bench.pg import BenchPostgres
 from bench.process import HANDLERS
@@ -70,15 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="bench/ordering",
         description="Drain with ordering keys (1,000 and 1) against the same without.",
     )
-    parser.add_argument("--messages", type=int, default=20_000, help="backlog size (20000)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
-    parser.add_argument(
-        "--handler",
-        default="execute",
-        choices=[h for h in HANDLERS if h != "noop"],
-        help="the one-row effect's style, as bench/process --handlers (execute)",
-    )
-    parser.add_argument("--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL")
+    add_drain_arguments(parser, messages=20_000)
     parser.add_argument(
         "--gates",
         action="store_true",

@@ -15,6 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from service.core.db import create_engine
+from service.core.migrations import upgrade
+from service.core.settings import Settings
+
 # Settings worth printing next to results: they decide what a COMMIT costs.
 REPORTED_SETTINGS = (
     "server_version",
@@ -138,6 +142,13 @@ class BenchPostgres:
             return {name: await conn.fetchval(f"SHOW {name}") for name in REPORTED_SETTINGS}
         finally:
             await conn.close()
+
+
+async def migrate(url: str) -> None:
+    """Bring the database at `url` to the inbox's schema, as `webhook-inbox migrate` does."""
+    engine = create_engine(url, Settings(database_url=url))
+    await upgrade(engine)
+    await engine.dispose()
 
 
 def add_recycled_wal_argument(parser: argparse.ArgumentParser, what: str) -> None:

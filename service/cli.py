@@ -13,6 +13,7 @@ from service.commands import db_url as db_url_command
 from service.commands import inbox as inbox_commands
 from service.commands import send as send_command
 from service.commands.outcome import CommandError, Exit, exit_with, not_migrated
+from service.commands.parsers import command_parser
 from service.startup import load
 
 # What a command needs is imported when it runs, not here: `--help` and `--version` answer
@@ -65,12 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"webhook-inbox {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser(
+    serve = command_parser(
+        commands,
         "serve",
         help="run the HTTP API and the worker, as supervised processes",
         description=SERVE_DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument("--host", help="address to bind (default: INBOX_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default: INBOX_PORT or 8000)")
@@ -95,12 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
 
-    worker = commands.add_parser(
+    worker = command_parser(
+        commands,
         "worker",
         help="run the worker alone (no HTTP)",
         description=WORKER_DESCRIPTION,
         epilog=WORKER_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     worker.add_argument("--concurrency", type=int, help="claim loops run at once")
     worker.add_argument("--batch-size", type=int, help="messages claimed per transaction")

@@ -31,6 +31,26 @@ def source(*handlers: str, **extra: Any) -> dict[str, Any]:
     return config
 
 
+PROCESSED = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
+
+
+def breaker_forward(url: str, failures: int, cooldown: float) -> dict[str, Any]:
+    """A forward to `url` whose circuit opens after `failures` failed calls in a row and lets
+    one probe through every `cooldown` seconds."""
+    return {
+        "url": url,
+        "timeout_seconds": 2,
+        "breaker_failures": failures,
+        "breaker_cooldown_seconds": cooldown,
+    }
+
+
+def most_calls_while_down(down_for: float, failures: int, cooldown: float) -> int:
+    """The calls a breaker lets through in `down_for` seconds of outage: `failures` to open
+    it, then a probe per cool-down."""
+    return failures + int(down_for / cooldown) + 1
+
+
 def config(*handlers: str, **extra: Any) -> dict[str, Any]:
     return {"sources": {"hooks": source(*handlers, **extra)}}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,3 +54,9 @@ async def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:
     if process.poll() is None:
         process.kill()
     return process.wait()
+
+
+def crash(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL, as in a crash (no shutdown handlers run), and wait until it is gone."""
+    process.send_signal(signal.SIGKILL)
+    process.wait()

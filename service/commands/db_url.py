@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from service.commands.outcome import CommandError, Exit
+from service.commands.parsers import command_parser
 
 DESCRIPTION = """
 Print the URL of the database the inbox uses, for your handlers' own tables: by default as
@@ -19,12 +20,12 @@ EPILOG = "Exit status: 0 printed, 2 usage or configuration error, 3 no database 
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = commands.add_parser(
+    command = command_parser(
+        commands,
         "db-url",
         help="print the inbox database's URL, for your own migrations",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     command.add_argument(
         "--sqlalchemy",

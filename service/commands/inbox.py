@@ -12,6 +12,7 @@ import textwrap
 from typing import Any
 
 from service.commands.outcome import Exit
+from service.commands.parsers import command_parser
 from service.core.status import Status
 
 DATABASE_HELP = """
@@ -227,12 +228,8 @@ def subcommand(
     epilog: str = DATABASE_HELP,
 ) -> argparse.ArgumentParser:
     """A command whose help ends with where its database is and its exit statuses."""
-    return parent.add_parser(
-        name,
-        help=help,
-        description=textwrap.fill(description, width=92),
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    return command_parser(
+        parent, name, help=help, description=textwrap.fill(description, width=92), epilog=epilog
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.commands.outcome import CommandError, Exit
+from service.commands.parsers import command_parser
 
 # The kinds, the settings and httpx are imported when `send` runs, not when the parser is
 # built: `webhook-inbox --help` and every other command need none of them.
@@ -37,12 +38,12 @@ otherwise, 2 usage error (unknown source, a kind send cannot sign for), 3 no ser
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    send = commands.add_parser(
+    send = command_parser(
+        commands,
         "send",
         help="post a correctly signed test delivery to a configured source",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     send.add_argument("source", metavar="SOURCE", help="a source of the sources file")
     send.add_argument(

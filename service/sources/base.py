@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar, get_args, get_origi
 
 import jiter
 
-from service.sources.config import HEADER_PREFIX, SourceConfig
+from service.sources.config import HEADER_PREFIX, SourceConfig, secret_text
 from service.sources.jsonpointer import resolve_pointer
 
 # The configuration model of a kind: `Source[GenericConfig]` sees `self.config` as one.
@@ -245,8 +245,7 @@ class Source(ABC, Generic[ConfigT]):
     # built: a command about another source (or none) must not need them (`UnsetSecret`).
     @cached_property
     def _token(self) -> str | None:
-        token = self.config.token
-        return None if token is None else token.get_secret_value()
+        return secret_text(self.config.token)
 
     async def authenticate(self, delivery: RawDelivery) -> Verdict:
         """Check the shared `token` every kind may require, then the kind's own scheme."""

@@ -94,6 +94,12 @@ def is_set(secret: SecretStr | None) -> bool:
     return secret is not None and not isinstance(secret, UnsetSecret)
 
 
+def secret_text(secret: SecretStr | None) -> str | None:
+    """An optional secret's text, None when it is not configured; an `UnsetSecret` raises
+    here, where the source needs it, not when the config is read."""
+    return None if secret is None else secret.get_secret_value()
+
+
 Secret = Annotated[SecretStr, BeforeValidator(configured_secret)]
 
 _TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")

@@ -21,7 +21,7 @@ from service.sources.base import (
     constant_time_equal,
 )
 from service.sources.cloudevents_http import STRUCTURED, structured_event
-from service.sources.config import Secret, SourceConfig
+from service.sources.config import Secret, SourceConfig, secret_text
 
 log = logging.getLogger("service.sources.dapr")
 
@@ -46,8 +46,7 @@ class DaprSource(Source[DaprConfig]):
 
     @cached_property
     def _app_api_token(self) -> str | None:
-        token = self.config.app_api_token
-        return None if token is None else token.get_secret_value()
+        return secret_text(self.config.app_api_token)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self._app_api_token is not None:

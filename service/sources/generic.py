@@ -24,7 +24,7 @@ from service.sources.base import (
     require_json_media_type,
 )
 from service.sources.body_hmac import BodyHmacConfig, BodyHmacSource, body_signature
-from service.sources.config import Secret, is_set
+from service.sources.config import Secret, is_set, secret_text
 from service.sources.jsonpointer import resolve_pointer, validate_pointer
 from service.sources.limits import checked_event_type, checked_header_name, checked_message_id
 
@@ -92,8 +92,7 @@ class GenericSource(BodyHmacSource[GenericConfig]):
 
     @cached_property
     def _basic_auth(self) -> str | None:
-        basic_auth = self.config.basic_auth
-        return None if basic_auth is None else basic_auth.get_secret_value()
+        return secret_text(self.config.basic_auth)
 
     async def verify(self, delivery: RawDelivery) -> Messages:
         if self._basic_auth is not None:

@@ -5,7 +5,6 @@ and being retried alone when the process died."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from tests.e2e.test_worker_processes import PROCESSED, enqueue
 from tests.processing_helpers import create_effects, wait_until
-from tests.worker_process import start_worker, stop, wait_listening
+from tests.worker_process import crash, start_worker, stop, wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -63,8 +62,7 @@ async def test_a_processing_process_killed_mid_fan_out_loses_and_repeats_nothing
             assert time.monotonic() < deadline, "no batch committed"
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)  # inside a batch
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
+        crash(worker)
     finally:
         if worker.poll() is None:
             worker.kill()

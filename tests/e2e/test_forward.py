@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 from pathlib import Path
 
 import asyncpg
@@ -12,7 +11,7 @@ import pytest
 from tests.conftest import AppFactory
 from tests.http_server import HANG, scripted_server
 from tests.processing_helpers import attempts_of, source, wait_until
-from tests.worker_process import start_worker, wait_listening
+from tests.worker_process import crash, start_worker, wait_listening
 
 
 @pytest.mark.slow
@@ -44,8 +43,7 @@ timeout_seconds = 1
             )
             await db.execute("NOTIFY webhook_inbox, 'hooks'")
             await asyncio.wait_for(server.arrived.wait(), 20)
-            worker.send_signal(signal.SIGKILL)
-            worker.wait()
+            crash(worker)
         finally:
             if worker.poll() is None:
                 worker.kill()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import signal
 import subprocess
 import time
 from collections import defaultdict
@@ -17,7 +16,7 @@ import asyncpg
 import pytest
 
 from tests.processing_helpers import create_effects, wait_until
-from tests.worker_process import start_worker, stop, wait_listening
+from tests.worker_process import crash, start_worker, stop, wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -111,8 +110,7 @@ async def kill_while_holding_claims(
         assert time.monotonic() < deadline, "no batch of the first process in flight"
         assert await db.fetchval(PROCESSED) < TOTAL, "all done before a batch was caught"
         await asyncio.sleep(0.002)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
+    crash(victim)
 
 
 async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(

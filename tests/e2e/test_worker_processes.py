@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from service.core.settings import Settings
 from service.store.admin import discard_message
 from tests.processing_helpers import create_effects, wait_until
 from tests.server import handler_source
-from tests.worker_process import start_worker, stop, wait_listening
+from tests.worker_process import crash, start_worker, stop, wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -101,8 +100,7 @@ async def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(
         while await db.fetchval(PROCESSED) < 60 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)  # well inside the next batch
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
+        crash(worker)
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -22,6 +22,7 @@ from service.app import create_app
 from service.core.settings import Settings
 from service.sources.config_file import parse_inbox_config
 from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_attempt
+from tests.schema_runs import schema_run_settings
 
 MAX_EXAMPLES = 20
 
@@ -63,13 +64,7 @@ def test_admin_api_conforms_to_its_schema(admin_api: Any, mode: GenerationMode) 
     for operation in operations:
 
         @given(case=operation.as_strategy(mode))
-        @settings(
-            max_examples=MAX_EXAMPLES,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-            derandomize=True,
-            database=None,
-        )
+        @schema_run_settings(MAX_EXAMPLES)
         def check(case: Any) -> None:
             # A schema-valid cursor is still refused (400) unless we signed it; that is the one
             # schema-valid request the API may reject, so it is checked here instead.

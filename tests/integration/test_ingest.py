@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import AppFactory
+from tests.integration.sources.rows import post_twice
 
 SECRET = "test-secret-0123456789"
 
@@ -86,8 +87,7 @@ async def test_redelivery_is_a_duplicate_and_counts_the_receipt(
 ) -> None:
     body, headers = signed({"id": "evt_2", "type": "t"})
     async with client_for(CONFIG) as client:
-        first = await client.post("/webhooks/hooks", content=body, headers=headers)
-        second = await client.post("/webhooks/hooks", content=body, headers=headers)
+        first, second = await post_twice(client, "/webhooks/hooks", body, headers)
     assert first.json()["status"] == "accepted"
     assert second.status_code == 200
     assert second.json() == {"status": "duplicate", "message_id": "evt_2"}

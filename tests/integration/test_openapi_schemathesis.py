@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -24,6 +24,7 @@ from service.app import create_app
 from service.core.settings import Settings
 from service.sources.config_file import parse_inbox_config
 from tests.processing_helpers import create_effects
+from tests.schema_runs import schema_run_settings
 
 MAX_EXAMPLES = 40
 
@@ -105,13 +106,7 @@ def test_ingest_health_and_metrics_conform_to_their_schema(api: Any) -> None:
     for operation in operations:
 
         @given(case=operation.as_strategy(mode), source=SOURCE_NAMES)
-        @settings(
-            max_examples=MAX_EXAMPLES,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-            derandomize=True,
-            database=None,
-        )
+        @schema_run_settings(MAX_EXAMPLES)
         def check(case: Any, source: str | None) -> None:
             path_parameters = case.path_parameters or {}
             if source is not None and "source" in path_parameters:

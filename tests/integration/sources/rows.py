@@ -9,6 +9,15 @@ import asyncpg
 import httpx
 
 
+async def post_twice(
+    client: httpx.AsyncClient, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[httpx.Response, httpx.Response]:
+    """A delivery and its redelivery, the same bytes and headers twice, as a provider that
+    never heard the first answer sends them."""
+    first = await client.post(path, content=body, headers=headers)
+    return first, await client.post(path, content=body, headers=headers)
+
+
 async def count_rows(db: asyncpg.Connection) -> int:
     return int(await db.fetchval("SELECT count(*) FROM inbox_messages"))
 

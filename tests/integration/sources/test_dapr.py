@@ -8,6 +8,7 @@ import json
 import asyncpg
 
 from tests.conftest import AppFactory
+from tests.integration.sources.rows import post_twice
 from tests.senders.dapr import CONFIG, HEADERS, envelope
 
 
@@ -19,8 +20,7 @@ async def test_accepted_and_duplicate_both_answer_success(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
     async with client_for(CONFIG) as client:
-        first = await client.post("/webhooks/orders", content=envelope(), headers=HEADERS)
-        again = await client.post("/webhooks/orders", content=envelope(), headers=HEADERS)
+        first, again = await post_twice(client, "/webhooks/orders", envelope(), HEADERS)
     assert first.status_code == again.status_code == 200
     assert first.json()["status"] == again.json()["status"] == "SUCCESS"
     assert first.json()["outcome"] == "accepted"

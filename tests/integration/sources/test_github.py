@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 
 from tests.conftest import AppFactory
-from tests.integration.sources.rows import only_row_of_a_redelivery
+from tests.integration.sources.rows import only_row_of_a_redelivery, post_twice
 from tests.senders.github import CONFIG, signed
 
 
@@ -14,8 +14,7 @@ async def test_event_with_action_is_recorded_and_redelivery_is_a_duplicate(
 ) -> None:
     body, headers = signed({"action": "opened", "issue": {"number": 1}})
     async with client_for(CONFIG) as client:
-        first = await client.post("/webhooks/gh", content=body, headers=headers)
-        again = await client.post("/webhooks/gh", content=body, headers=headers)
+        first, again = await post_twice(client, "/webhooks/gh", body, headers)
     delivery_id = "72d3162e-cc78-11e3-81ab-4c9367dc0958"
     row = await only_row_of_a_redelivery(db, first, again, delivery_id, "issues.opened")
     assert row["headers"]["x-hub-signature-256"] == "[redacted]"

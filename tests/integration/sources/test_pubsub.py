@@ -8,7 +8,7 @@ from pathlib import Path
 import asyncpg
 
 from tests.conftest import AppFactory
-from tests.integration.sources.rows import only_row_of_a_redelivery
+from tests.integration.sources.rows import only_row_of_a_redelivery, post_twice
 from tests.senders.pubsub import bearer, config, oidc, push_body, signing_key
 
 
@@ -17,7 +17,6 @@ async def test_oidc_push_is_accepted_then_duplicate(
 ) -> None:
     headers = bearer(oidc(signing_key()))
     async with client_for(config(tmp_path)) as client:
-        first = await client.post("/webhooks/push", content=push_body(), headers=headers)
-        again = await client.post("/webhooks/push", content=push_body(), headers=headers)
+        first, again = await post_twice(client, "/webhooks/push", push_body(), headers)
     row = await only_row_of_a_redelivery(db, first, again, "2070443601311540", "order.created")
     assert row["headers"]["authorization"] == "[redacted]"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from tests.conftest import AppFactory
-from tests.integration.sources.rows import only_row, only_row_of_a_redelivery
+from tests.integration.sources.rows import only_row, only_row_of_a_redelivery, post_twice
 from tests.senders.shopify import CONFIG, ORDER, signed
 
 
@@ -15,8 +15,7 @@ async def test_order_is_recorded_and_a_retry_is_a_duplicate(
 ) -> None:
     body, headers = signed(ORDER)
     async with client_for(CONFIG) as client:
-        first = await client.post("/webhooks/shop", content=body, headers=headers)
-        again = await client.post("/webhooks/shop", content=body, headers=headers)
+        first, again = await post_twice(client, "/webhooks/shop", body, headers)
     webhook_id = "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"
     row = await only_row_of_a_redelivery(db, first, again, webhook_id, "orders/create")
     assert row["headers"]["x-shopify-hmac-sha256"] == "[redacted]"

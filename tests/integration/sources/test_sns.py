@@ -15,7 +15,7 @@ from service.app import create_app
 from service.core.settings import Settings
 from service.sources.config_file import parse_inbox_config
 from tests.conftest import running
-from tests.integration.sources.rows import only_row_of_a_redelivery
+from tests.integration.sources.rows import only_row_of_a_redelivery, post_twice
 from tests.senders.sns import (
     CERT_URL,
     CONFIG,
@@ -59,8 +59,7 @@ async def test_signed_notification_is_accepted_then_duplicate(
 ) -> None:
     body = signed(KEY, notification(), version)
     async with sns_client() as client:
-        first = await client.post("/webhooks/alerts", content=body, headers=HEADERS)
-        again = await client.post("/webhooks/alerts", content=body, headers=HEADERS)
+        first, again = await post_twice(client, "/webhooks/alerts", body, HEADERS)
     message_id = "22b80b92-fdea-4c2c-8f9d-bdfb0c7bf324"
     await only_row_of_a_redelivery(db, first, again, message_id, "My First Message")
     assert fetcher.certificate_calls == [CERT_URL]  # cached after the first fetch
