@@ -109,13 +109,6 @@ class _Gate:
     error: str | None = None
 
 
-def destination_limited(gate: _Gate) -> bool:
-    """Whether runs were deferred for want of tokens (not by the breaker)."""
-    return gate.admission.tokens < gate.admission.allowed + gate.deferred and (
-        gate.admission.breaker in (None, rules.BreakerState.CLOSED)
-    )
-
-
 @dataclass
 class DestinationGates:
     """The admissions of one batch (and its reruns)."""
@@ -223,10 +216,13 @@ class DestinationGates:
         """Count the runs of `key` since it was last admitted; a breaker's change is kept for
         `settle` to return."""
         gate = self.gates.pop(key)
-        self.claimed[key] += gate.used
-        if gate.deferred and destination_limited(gate):
-            self.waited[key] = gate.admission.wait_seconds
         destination = self.pipelines[key[0]].destination(key[1])
+        if destination.rate_limit is not None:
+            self.claimed[key] += gate.used
+            # Runs deferred for want of tokens (not by the breaker): the rate limit's wait.
+            closed = gate.admission.breaker in (None, rules.BreakerState.CLOSED)
+            if gate.deferred and closed:
+                self.waited[key] = gate.admission.wait_seconds
         outcomes = flow.Outcomes(gate.admission, gate.used, gate.failed, gate.succeeded, gate.error)
         change = await flow.settle(self.engine, gate_key(*key), destination.gates, outcomes)
         if change is not None:
