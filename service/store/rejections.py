@@ -36,6 +36,8 @@ MAX_AGE = timedelta(days=1)
 FLUSH_SECONDS = 0.5
 # Rows older than MAX_AGE are deleted this often even when nothing is refused.
 EXPIRE_EVERY_SECONDS = 60.0
+# Longest the last write may take when the app stops (the database may be gone).
+CLOSE_SECONDS = 10.0
 
 INSERT = text(
     """
@@ -154,6 +156,7 @@ class RejectionLog:
         self._pending: dict[str, deque[Rejection]] = {}
         self._dropped: dict[str, int] = {}
         self._wakeup = asyncio.Event()
+        self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def add(self, rejection: Rejection) -> None:
@@ -169,14 +172,16 @@ class RejectionLog:
         self._task = asyncio.create_task(self._run(), name="rejection-log")
 
     async def close(self) -> None:
-        """Stop the writer, then write what is pending (bounded by the database timeout)."""
+        """Stop the writer once it has written what is pending (within `CLOSE_SECONDS`).
+
+        Asked to stop rather than cancelled: Python 3.11's `wait_for` loses a cancellation
+        that arrives as the event it waits on is set, and the writer would then run on."""
+        self._closing.set()
+        self._wakeup.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, CLOSE_SECONDS)
             self._task = None
-        with contextlib.suppress(Exception):
-            await self.flush()
 
     async def flush(self) -> None:
         """Write what has gathered now."""
@@ -196,12 +201,13 @@ class RejectionLog:
 
     async def _run(self) -> None:
         expired_at = time.monotonic()
-        while True:
+        while not self._closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), EXPIRE_EVERY_SECONDS)
-            if self._wakeup.is_set():
-                await asyncio.sleep(self.flush_seconds)  # let a batch gather
-                self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):  # let a batch gather, unless closing
+                await asyncio.wait_for(self._closing.wait(), self.flush_seconds)
+            self._wakeup.clear()
+            if self._pending:
                 with contextlib.suppress(Exception):  # logged and counted by flush
                     await self.flush()
             if time.monotonic() - expired_at >= EXPIRE_EVERY_SECONDS:

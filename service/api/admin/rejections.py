@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.api.admin.models import SourceName
 from service.api.state import StateDep
 from service.store import rejections as store
 
@@ -21,7 +22,7 @@ class RejectedQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    source: str | None = Field(default=None, max_length=200, description="Only this source's.")
+    source: SourceName | None = Field(default=None, description="Only this source's.")
     limit: int = Field(default=50, ge=1, le=500, description="Page size, 1 to 500.")
     before: int | None = Field(
         default=None,
