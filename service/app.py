@@ -25,6 +25,7 @@ from service.sources.config_file import InboxConfig, load_inbox_config
 from service.store.counts import ProcessedCounts
 from service.store.errors import StoreUnavailable
 from service.store.group_commit import GroupCommitter
+from service.store.rejections import RejectionLog
 
 log = logging.getLogger("service.app")
 
@@ -70,11 +71,19 @@ def create_app(
             on_rewrite=app_metrics.ingest_batch_rewritten,
             on_kept_aside=app_metrics.ingest_redeliveries_kept_aside,
         )
+        rejections = RejectionLog(
+            engine,
+            settings.rejected_per_source,
+            on_dropped=lambda source, count: app_metrics.rejections_unrecorded.labels(source).inc(
+                count
+            ),
+        )
         app.state.inbox = AppState(
             settings=settings,
             inbox=inbox,
             engine=engine,
             committer=committer,
+            rejections=rejections,
             processed_counts=ProcessedCounts(engine),
             metrics=app_metrics,
             admin_tokens=tokens,
@@ -83,12 +92,14 @@ def create_app(
             processing_state=processing_state,
         )
         committer.start()
+        rejections.start()
         app.direct_ingest = ingest.DirectIngest(app.state.inbox)
         try:
             yield
         finally:
             app.direct_ingest = None
             await committer.close()
+            await rejections.close()
             await app.state.inbox.processed_counts.close()
             await engine.dispose()
 

@@ -30,6 +30,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/sources/hooks/destinations/billing/replay"),
     ("POST", "/admin/sources/hooks/pause"),
     ("POST", "/admin/sources/hooks/resume"),
+    ("GET", "/admin/rejected"),
 ]
 
 

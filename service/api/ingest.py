@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -35,6 +36,7 @@ from service.sources.limits import (
     checked_content_type,
 )
 from service.store.errors import StoreOverloaded, StoreRefused, StoreUnavailable
+from service.store.rejections import Rejection
 
 log = logging.getLogger("service.ingest")
 
@@ -309,7 +311,11 @@ async def handle_delivery(
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
     except BodyTooLarge:
         log_delivery(metrics, source, None, "rejected:too_large", started)
-        return problem(413, f"body is larger than the limit of {settings.max_body_bytes} bytes")
+        detail = f"body is larger than the limit of {settings.max_body_bytes} bytes"
+        declared = request.headers.get("content-length", "")
+        size = int(declared) if declared.isdigit() else settings.max_body_bytes + 1
+        record_rejection(state, configured, request.headers.raw, 413, "too_large", detail, size)
+        return problem(413, detail)
     except TimeoutError:
         return body_timed_out(state, source, started)
     except ClientDisconnect:
@@ -352,7 +358,7 @@ async def take_delivery(
         content_type = checked_content_type(delivery.content_type)
         verdict = await configured.authenticate(delivery)
     except Rejected as exc:
-        return refuse(configured, exc, metrics, started)
+        return refuse(state, configured, delivery, exc, started)
     if isinstance(verdict, Handshake):
         log_delivery(metrics, source, None, "handshake", started)
         return handshake_response(verdict)
@@ -379,7 +385,7 @@ async def take_delivery(
     except StoreRefused as exc:
         # The delivery's own values, not the database's health: a 4xx for this request only.
         refusal = BadDelivery(f"the database cannot store this delivery: {exc}")
-        return refuse(configured, refusal, metrics, started)
+        return refuse(state, configured, delivery, refusal, started)
     except StoreOverloaded:
         log_delivery(metrics, source, None, "unavailable:overloaded", started)
         return unavailable("too many deliveries are waiting for the database; nothing was recorded")
@@ -405,13 +411,51 @@ async def take_delivery(
     return AnswerResponse(payload, status_code=status)
 
 
-def refuse(configured: AnySource, exc: Rejected, metrics: Metrics, started: float) -> Response:
+def refuse(
+    state: AppState, configured: AnySource, delivery: RawDelivery, exc: Rejected, started: float
+) -> Response:
     """Answer a refused delivery: the kind's own answer if it has one, else the problem."""
-    log_delivery(metrics, configured.name, None, f"rejected:{exc.reason}", started)
+    log_delivery(state.metrics, configured.name, None, f"rejected:{exc.reason}", started)
+    if exc.status < 500:  # a sender's mistake, not the inbox's trouble
+        size = len(delivery.body)
+        record_rejection(
+            state, configured, delivery.raw_headers, exc.status, exc.reason, exc.detail, size
+        )
     answer = configured.answer_rejection(exc)
     if answer is not None:
         return handshake_response(answer)
     return problem(exc.status, exc.detail, title=exc.title)
+
+
+# What is kept of a refused delivery's headers and problem: a sender chooses them, and a
+# flood of them must not fill the table's rows either.
+MAX_RECORDED_HEADERS = 64
+MAX_RECORDED_TEXT = 512
+
+
+def record_rejection(
+    state: AppState,
+    configured: AnySource,
+    raw_headers: list[tuple[bytes, bytes]],
+    status: int,
+    reason: str,
+    detail: str,
+    size: int,
+) -> None:
+    """Keep a refused delivery for the operator (`store.rejections`): its headers redacted as
+    a recorded message's are, never its body or query string."""
+    headers = configured.stored_headers(raw_headers[:MAX_RECORDED_HEADERS])
+    rejection = Rejection(
+        source=configured.name,
+        received_at=datetime.now(UTC),
+        status=status,
+        reason=reason,
+        detail=detail[:MAX_RECORDED_TEXT],
+        size=size,
+        headers={k[:MAX_RECORDED_TEXT]: v[:MAX_RECORDED_TEXT] for k, v in headers.items()},
+        request_id=REQUEST_ID.get(),
+    )
+    state.rejections.add(rejection)
 
 
 @router.options(

@@ -17,6 +17,7 @@ from service.processing.pipeline import Pipeline
 from service.sources.config_file import InboxConfig
 from service.store.counts import ProcessedCounts
 from service.store.group_commit import GroupCommitter
+from service.store.rejections import RejectionLog
 
 
 @dataclass
@@ -25,6 +26,8 @@ class AppState:
     inbox: InboxConfig
     engine: AsyncEngine
     committer: GroupCommitter
+    # Deliveries refused with a 4xx, on their way to `inbox_rejected_deliveries`.
+    rejections: RejectionLog
     # The processed messages per source, for `/metrics` and the statistics.
     processed_counts: ProcessedCounts
     # The migrations' revisions: read from them by the first `/readyz`, not at start.

@@ -37,6 +37,7 @@ from service.api.admin.models import (
     SourcePause,
 )
 from service.api.admin.operations import collect_stats
+from service.api.admin.rejections import RejectedQuery, rejected_page
 from service.commands.database import operator_engine, operator_settings
 from service.commands.outcome import CommandError, Exit
 from service.commands.output import print_json
@@ -45,6 +46,7 @@ from service.commands.views import (
     describe_detail,
     destinations_table,
     groups_table,
+    rejected_table,
     stats_table,
     summary_table,
 )
@@ -354,4 +356,20 @@ async def resume_command(args: argparse.Namespace) -> Exit:
         print(f"{args.source} was not paused; nothing changed")
     else:
         print(f"{args.source} resumed (paused by {row['operator']} since {row['paused_at']})")
+    return Exit.OK
+
+
+async def list_rejected(args: argparse.Namespace) -> Exit:
+    query = validated(
+        RejectedQuery, {"source": args.source, "limit": args.limit, "before": args.before}
+    )
+    settings = operator_settings()
+    async with operator_engine(settings) as engine:
+        page = await rejected_page(engine, query)
+    if args.json:
+        print_json(page)
+        return Exit.OK
+    print(rejected_table(page.items, headers=args.headers))
+    if page.next_before is not None:
+        print(f"next: --before {page.next_before}")
     return Exit.OK

@@ -1,4 +1,4 @@
-"""`messages`, `dead-letters` and `stats`: their arguments and help.
+"""`messages`, `dead-letters`, `rejected` and `stats`: their arguments and help.
 
 They run in `service/commands/admin.py`, imported only when one runs, so that `webhook-inbox
 --help` needs neither the admin API nor SQLAlchemy.
@@ -207,6 +207,26 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(GET /admin/dead-letters/groups; no paging)",
     )
     dead.set_defaults(run=run("list_dead_letters"))
+
+    rejected = subcommand(
+        commands,
+        "rejected",
+        help="deliveries refused with a 4xx in the last day, newest first",
+        description="List the deliveries ingest refused with a 4xx (bad signature or token, "
+        "stale timestamp, no message id, too large, an unreadable body...) in the last day, "
+        "newest first, with why and their headers redacted (GET /admin/rejected): a "
+        "misconfigured sender found without reading logs. Bodies are never kept.",
+    )
+    rejected.add_argument("source", nargs="?", help="only this source's")
+    rejected.add_argument(
+        "--limit", type=int, default=50, help="rows per page, 1 to 500 (default 50)"
+    )
+    rejected.add_argument(
+        "--before", type=inbox_id, metavar="ID", help="older than this id (the `next` line)"
+    )
+    rejected.add_argument("--headers", action="store_true", help="show each one's headers too")
+    add_json(rejected)
+    rejected.set_defaults(run=run("list_rejected"))
 
     stats = subcommand(
         commands,

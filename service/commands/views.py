@@ -12,6 +12,7 @@ from service.api.admin.models import (
     MessageSummary,
     Stats,
 )
+from service.api.admin.rejections import RejectedDelivery
 from service.commands.output import age, table
 from service.core.schema import Status
 
@@ -157,3 +158,19 @@ def stats_table(stats: Stats) -> str:
         f"{counts}\nlast hour: {stats.attempts_last_hour} attempts, "
         f"{stats.failures_last_hour} failed, {stats.admin_actions_last_hour} admin actions"
     )
+
+
+def rejected_table(items: list[RejectedDelivery], *, headers: bool) -> str:
+    """Refused deliveries, one a row; `headers`: each followed by its (redacted) headers."""
+    if not items:
+        return "no refused deliveries in the last day"
+    columns = ["ID", "SOURCE", "RECEIVED", "STATUS", "REASON", "SIZE", "DETAIL"]
+    rows = [[r.id, r.source, r.received_at, r.status, r.reason, r.size, r.detail] for r in items]
+    if not headers:
+        return table(columns, rows)
+    blocks = []
+    for item, row in zip(items, rows, strict=True):
+        lines = [table(columns, [row])]
+        lines += [f"  {name}: {value}" for name, value in item.headers.items()]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

@@ -268,6 +268,14 @@ class Metrics:
             "once that batch has ended.",
             registry=self.registry,
         )
+        self.rejections_unrecorded = Counter(
+            "webhook_inbox_rejections_unrecorded",
+            "Refused deliveries not kept in inbox_rejected_deliveries: pushed out by newer "
+            "ones of their source before they were written (a flood), or lost with a write "
+            "that failed.",
+            ["source"],
+            registry=self.registry,
+        )
         self._delivery_counters: dict[tuple[str, ...], Counter] = {}
         self._ingest_histograms: dict[tuple[str, ...], Histogram] = {}
         # Ingest's counts and durations of the current turn of the event loop, written at its

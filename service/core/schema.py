@@ -22,6 +22,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -311,6 +312,28 @@ class SourcePause(InboxTable, table=True):
     operator: str = Field(sa_column=Column(Text, nullable=False))
     reason: str = Field(sa_column=Column(Text, nullable=False))
     actor: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class RejectedDelivery(InboxTable, table=True):
+    """`inbox_rejected_deliveries`: deliveries ingest answered with a 4xx, kept a short while
+    for the operator (0017): never a body or a credential, at most the newest
+    `INBOX_REJECTED_PER_SOURCE` a source and none older than a day (`store.rejections`)."""
+
+    __tablename__ = "inbox_rejected_deliveries"
+    __table_args__ = (
+        # The listing (newest first, by source) and the bound (a source's newest N).
+        Index("inbox_rejected_deliveries_source_idx", "source", text("id DESC")),
+    )
+
+    id: int | None = _identity_key()
+    source: str = Field(sa_column=Column(Text, nullable=False))
+    received_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    status: int = Field(sa_column=Column(SmallInteger, nullable=False))
+    reason: str = Field(sa_column=Column(Text, nullable=False))
+    detail: str = Field(sa_column=Column(Text, nullable=False))
+    size: int = Field(sa_column=Column(BigInteger, nullable=False))
+    headers: dict[str, str] = Field(sa_column=Column(JSONB, nullable=False))
+    request_id: str | None = Field(default=None, sa_column=Column(Text))
 
 
 class RateBucket(InboxTable, table=True):

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # and a server process takes at most this many concurrent connections (else 503).
     body_timeout_seconds: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=1000, ge=1)
+    # Deliveries refused with a 4xx kept per source for the operator, newest first, at most a
+    # day (docs/operating.md#rejected-deliveries).
+    rejected_per_source: int = Field(default=500, ge=1, le=100_000)
     # The worker (docs/handlers.md#how-the-worker-runs-handlers): concurrent claim loops,
     # messages per claim, polling fallback period, how long in-flight batches may run on at
     # shutdown, and how long a forward's lease outlives its HTTP timeout.

@@ -39,6 +39,7 @@ PAGES = [
     "/console/messages/{id}/replay",
     "/console/dead-letters",
     "/console/bulk-retry?status=dead",
+    "/console/rejected",
 ]
 FRAGMENTS = ["/console/overview/live", "/console/messages/{id}/live"]
 ACTIONS = [

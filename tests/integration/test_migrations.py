@@ -53,6 +53,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_source_pauses",
             "inbox_rate_limits",
             "inbox_breakers",
+            "inbox_rejected_deliveries",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None

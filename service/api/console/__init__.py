@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
 
-from service.api.console import actions, pages, signin
+from service.api.console import actions, pages, rejected, signin
 from service.api.console.access import (
     ConsoleError,
     SignInRequired,
@@ -18,6 +18,7 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 router.include_router(signin.router)
 router.include_router(pages.router)
 router.include_router(actions.router)
+router.include_router(rejected.router)
 
 
 def install(app: FastAPI) -> None:
