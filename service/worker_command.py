@@ -60,6 +60,7 @@ def run_worker_command(
     from service.core.collector import settle_collector
     from service.core.db import database_url, describe_url
     from service.core.metrics import Metrics
+    from service.worker.priority import yield_to_ingest
     from service.worker.runtime import run_worker
     from service.worker.worker import WorkerCrashed
 
@@ -70,8 +71,9 @@ def run_worker_command(
         worker_poll_seconds=poll_seconds,
         worker_grace_seconds=grace_seconds,
     )
+    niceness = yield_to_ingest(settings.worker_nice)
     url = database_url(settings)
-    log.info("database", extra={"url": describe_url(url)})
+    log.info("database", extra={"url": describe_url(url), "niceness": niceness})
     settle_collector()
 
     async def run() -> None:

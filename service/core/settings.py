@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     # After a batch began, how long a notification waits before waking a claim loop, so that
     # the deliveries of that time are claimed together (Worker._notified).
     worker_linger_seconds: float = Field(default=0.05, ge=0, le=10)
+    # The processing process's niceness (0-19; 0, the default: as ingest's). Raised, ingest's
+    # HTTP process comes first for a core while a backlog drains; not shown to help on this
+    # project's shared machine (docs/operating.md, bench/backlog --ingest).
+    worker_nice: int = Field(default=0, ge=0, le=19)
 
     @property
     def config_is_set(self) -> bool:

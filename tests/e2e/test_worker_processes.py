@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
 import asyncpg
+import psutil
 import pytest
 
 from service.core.collector import YOUNG_COLLECTION_THRESHOLD
@@ -170,3 +172,17 @@ async def test_a_message_whose_worker_was_killed_is_discarded_at_once_and_never_
     outcomes = await db.fetch("SELECT outcome FROM inbox_attempts WHERE message_id = $1", poison)
     assert [r["outcome"] for r in outcomes] == ["admin_discard"]
     assert await db.fetchval("SELECT count(*) FROM effects") == 0
+
+
+async def test_the_worker_runs_at_the_configured_niceness(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Every thread of a draining worker below ingest's priority (INBOX_WORKER_NICE); `serve`'s
+    processing child runs the same command."""
+    worker = start_worker(database_url, TOML, tmp_path, "nice", INBOX_WORKER_NICE="7")
+    try:
+        await wait_listening(db, 1)
+        threads = psutil.Process(worker.pid).threads()
+        assert {os.getpriority(os.PRIO_PROCESS, t.id) for t in threads} == {7}
+    finally:
+        assert await stop(worker) == 0
