@@ -35,7 +35,14 @@ import asyncpg
 from bench.fanout import environment
 from bench.load import BODY_TEMPLATE, ensure_wrk, run_wrk, write_requests
 from bench.pg import BenchPostgres
-from bench.process import HANDLERS, INSERT_BACKLOG, openloop, prepare, wait_for_listeners
+from bench.process import (
+    HANDLERS,
+    INSERT_BACKLOG,
+    SOURCES_TOML,
+    openloop,
+    prepare,
+    wait_for_listeners,
+)
 from bench.servers import MemorySampler, Server
 from bench.systems import RESULTS_DIR, console_script
 
@@ -47,13 +54,6 @@ INGEST_P99_MS, INGEST_RATIO = 50.0, 0.5
 # wrk's requests are written ahead, this many per second of a phase (this machine's idle
 # ingest has served 10-11 k/s).
 MAX_RPS = 24_000
-
-TOML = """
-[sources.bench]
-kind = "generic"
-id_header = "X-Message-Id"
-handlers = ["bench.handlers:{handler}"]
-"""
 
 # Sampled once a second while a drain runs: the effects so far (their identity's last value,
 # not a count of a million rows), and the dead tuples and autovacuums of the churning tables.
@@ -67,6 +67,17 @@ SELECT extract(epoch FROM clock_timestamp()) AS at,
        (SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'inbox_claims')
            AS vacuums_c
 """
+
+
+def migrated(pg: BenchPostgres, work: Path, args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """The bench's database, migrated, and the environment a worker or `serve` runs in."""
+    url = asyncio.run(pg.create_database("bench_backlog"))
+    env = environment(
+        url, work, "backlog", SOURCES_TOML.format(handler=HANDLERS[args.handler]), args.log_level
+    )
+    command = [*console_script("webhook-inbox"), "migrate"]
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    return url, env
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -314,12 +325,7 @@ def ingest_main(args: argparse.Namespace) -> None:
     phases: dict[str, list[dict[str, Any]]] = {"idle": [], **{name: [] for name in variants}}
     with BenchPostgres() as pg, tempfile.TemporaryDirectory(prefix="inbox-backlog-") as tmp:
         work = Path(tmp)
-        url = asyncio.run(pg.create_database("bench_backlog"))
-        env = environment(
-            url, work, "backlog", TOML.format(handler=HANDLERS[args.handler]), args.log_level
-        )
-        command = [*console_script("webhook-inbox"), "migrate"]
-        subprocess.run(command, env=env, check=True, capture_output=True)
+        url, env = migrated(pg, work, args)
         asyncio.run(prepare(url))
         asyncio.run(restart_effects(url))
         asyncio.run(fill(url, args.ingest_backlog, "ingest-"))
@@ -415,13 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: list[dict[str, Any]] = []
     with BenchPostgres() as pg, tempfile.TemporaryDirectory(prefix="inbox-backlog-") as tmp:
         work = Path(tmp)
-        url = asyncio.run(pg.create_database("bench_backlog"))
-        env = environment(
-            url, work, "backlog", TOML.format(handler=HANDLERS[args.handler]), args.log_level
-        )
-        subprocess.run(
-            [*console_script("webhook-inbox"), "migrate"], env=env, check=True, capture_output=True
-        )
+        url, env = migrated(pg, work, args)
         for i, kind in enumerate(order):
             size = args.small if kind == "small" else args.large
             run = drain(url, env, work, size, f"{kind}{i}")

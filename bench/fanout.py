@@ -30,6 +30,7 @@ from bench.pg import BenchPostgres
 from bench.process import (
     HANDLERS,
     ROOT,
+    SOURCES_TOML,
     insert_backlog,
     prepare,
     wait_drained,
@@ -40,12 +41,6 @@ from bench.systems import RESULTS_DIR, console_script
 TARGET = 0.7
 DESTINATIONS = ("billing", "disputes", "warehouse")
 
-SINGLE = """
-[sources.bench]
-kind = "generic"
-id_header = "X-Message-Id"
-handlers = ["bench.handlers:{handler}"]
-"""
 FANNED = """
 [sources.bench]
 kind = "generic"
@@ -179,7 +174,9 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         url = asyncio.run(pg.create_database("bench_fanout"))
         envs = {
-            False: environment(url, work, "single", SINGLE.format(handler=handler), args.log_level),
+            False: environment(
+                url, work, "single", SOURCES_TOML.format(handler=handler), args.log_level
+            ),
             True: environment(url, work, "fanned", FANNED.format(handler=handler), args.log_level),
         }
         subprocess.run(
