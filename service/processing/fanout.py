@@ -31,7 +31,7 @@ from service.processing.runner import (
     undo_handlers,
 )
 from service.store.attempts import last_error_line
-from service.store.results import AttemptResult, DestinationResult, MessageRow
+from service.store.results import DEFERRED, AttemptResult, DestinationResult, MessageRow
 from service.store.savepoints import MessageSavepoints
 
 # The destination statuses after which a destination does not run again unless an operator
@@ -74,7 +74,7 @@ def deferred_result(
     return DestinationResult(
         name,
         Status(status) if status is not None else Status.PENDING,
-        "deferred",
+        DEFERRED,
         at,
         at,
         error=deferral.reason,
@@ -197,7 +197,7 @@ async def run_destinations(
         row.id,
         attempt,
         status,
-        failed_one.outcome if failed_one else "deferred" if deferred else "processed",
+        failed_one.outcome if failed_one else DEFERRED if deferred else "processed",
         started,
         datetime.now(UTC),
         delay_seconds=min(delays, default=0.0) if status == Status.RETRYING or deferred else None,

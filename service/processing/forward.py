@@ -15,7 +15,7 @@ from service.processing.attempt_spans import describe
 from service.processing.pipeline import Destination
 from service.processing.policy import Failure, dead_failure, failed_attempt, retry_failure
 from service.sources.config import SourceConfig
-from service.store.results import AttemptResult, MessageRow
+from service.store.results import DEFERRED, AttemptResult, MessageRow
 
 log = logging.getLogger("service.forward")
 
@@ -129,7 +129,7 @@ def deferred_attempt(
         row.id,
         attempt,
         row.status,
-        "deferred",
+        DEFERRED,
         started,
         datetime.now(UTC),
         delay_seconds=wait,

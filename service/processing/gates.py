@@ -25,7 +25,7 @@ from service.core.schema import Status
 from service.processing.pipeline import Destination, Pipeline
 from service.store import flow
 from service.store.flow import gate_key
-from service.store.results import AttemptResult, MessageRow
+from service.store.results import DEFERRED, AttemptResult, MessageRow
 
 # Failures that say the endpoint is down, not that it refused the message: they count
 # towards opening its circuit.
@@ -58,7 +58,7 @@ def probe_failed(
     return replace(
         result,
         status=row.status,
-        outcome="deferred",
+        outcome=DEFERRED,
         delay_seconds=wait_seconds,
         deferred=True,
         unfinished=False,

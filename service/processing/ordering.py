@@ -9,9 +9,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 
 from service.core.schema import Status
-from service.store.results import AttemptResult, MessageRow
+from service.store.results import DEFERRED, AttemptResult, MessageRow
 
-DEFERRED = "deferred"
 BEHIND = "an earlier message of its ordering key did not succeed in the same batch"
 
 

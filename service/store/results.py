@@ -9,6 +9,10 @@ from datetime import datetime
 
 from service.core.status import Status
 
+# The outcome of an attempt that did not run (a gate, its ordering key or the endpoint's
+# Retry-After held it): its attempt is given back (`AttemptResult.deferred`).
+DEFERRED = "deferred"
+
 
 # MessageRow and AttemptResult are made for every message run: slotted, not frozen, since a
 # frozen dataclass sets each field through object.__setattr__ (service/sources/base.py).
