@@ -10,13 +10,14 @@ import subprocess
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.db import asyncpg_dsn, get_embedded_server, one_root_at_a_time
+from service.core.db import asyncpg_dsn, create_engine, get_embedded_server, one_root_at_a_time
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,26 @@ async def drop_database(server_url: str, name: str) -> None:
         await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def migrated_database(
+    server_url: str, revision: str
+) -> AsyncIterator[tuple[str, AsyncEngine]]:
+    """A new database on `server_url` migrated to `revision`: its URL and an engine on it,
+    dropped afterwards (an upgrade test fills it as an older release would, then migrates)."""
+    from service.core.migrations import upgrade
+    from service.core.settings import Settings
+
+    name = await create_database(server_url)
+    url = with_database(server_url, name)
+    engine = create_engine(url, Settings(database_url="x"))
+    try:
+        await upgrade(engine, revision)
+        yield url, engine
+    finally:
+        await engine.dispose()
+        await drop_database(server_url, name)
 
 
 async def empty_tables(url: str, *extra: str) -> None:

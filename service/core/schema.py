@@ -254,6 +254,11 @@ class DestinationRecord(InboxTable, table=True):
         sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
     )
     processed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    # Its attempts when an operator last ran it again (0018): it is retried and dead-lettered
+    # on `attempts - budget_start`, its own budget, not the message's.
+    budget_start: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
 
 
 class ClaimRecord(InboxTable, table=True):

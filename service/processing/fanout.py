@@ -31,7 +31,14 @@ from service.processing.runner import (
     undo_handlers,
 )
 from service.store.attempts import last_error_line
-from service.store.results import DEFERRED, AttemptResult, DestinationResult, MessageRow
+from service.store.results import (
+    DEFERRED,
+    NO_ATTEMPTS,
+    AttemptResult,
+    DestinationAttempts,
+    DestinationResult,
+    MessageRow,
+)
 from service.store.savepoints import MessageSavepoints
 
 # The destination statuses after which a destination does not run again unless an operator
@@ -57,6 +64,11 @@ def due_runs(pipeline: Pipeline, row: MessageRow) -> tuple[tuple[Run, ...], list
     kept = tuple(run for run in runs if run.destination.name in due)
     running = {run.destination.name for run in kept}
     return kept, [name for name in due if name not in running]
+
+
+def destination_attempts(row: MessageRow, name: str) -> DestinationAttempts:
+    """The attempts destination `name` has made for `row`: its own budget."""
+    return (row.destination_attempts or {}).get(name, NO_ATTEMPTS)
 
 
 def expect_gated(gates: DestinationGates, pipeline: Pipeline, row: MessageRow) -> None:
@@ -227,8 +239,9 @@ async def forward_destination(
         deferral = await gates.admit(row, destination)
         if deferral is not None:
             return deferred_result(name, status, deferral, begun)
+    own = destination_attempts(row, name)
     made = await forward_message(
-        http, row, row.attempts + 1, pipeline.config, destination=destination
+        http, row, own.next, pipeline.config, destination=destination, budget_start=own.budget_start
     )
     if gates is not None:
         probe = gates.forwarded(row, destination, made.status, made.error_type, made.error)
@@ -295,9 +308,8 @@ async def run_destination(
             savepoints.release()
     except Exception as exc:
         await undo_handlers(session, savepoints, isolated=isolated)
-        failure = classify_failure(
-            exc, message.attempt, pipeline.config, budget_start=row.budget_start
-        )
+        own = destination_attempts(row, name)
+        failure = classify_failure(exc, own.next, pipeline.config, budget_start=own.budget_start)
         log_failure(row, message.attempt, failure, destination=name)
         return DestinationResult(
             name,

@@ -161,13 +161,16 @@ async def forward_message(
     config: SourceConfig,
     *,
     destination: Destination | None = None,
+    budget_start: int | None = None,
 ) -> AttemptResult:
     """POST `row` to the source's forward, or to the named `destination`'s; the attempt's
     result, never an exception: deferred when the endpoint asks it to wait
-    (`deferral_seconds`)."""
+    (`deferral_seconds`). `attempt` and `budget_start`: the message's (its row's), or a named
+    destination's own (`DestinationAttempts`)."""
     forward = config.forward if destination is None else destination.forward
     assert forward is not None
     name = None if destination is None else destination.name
+    budget_start = row.budget_start if budget_start is None else budget_start
     started = datetime.now(UTC)
     failure: Failure | None
     try:
@@ -180,7 +183,7 @@ async def forward_message(
         wait = deferral_seconds(response)
         if wait is not None:
             return deferred_attempt(row, attempt, response, wait, started, name)
-        failure = classify_response(response, attempt, config, row.budget_start)
+        failure = classify_response(response, attempt, config, budget_start)
     except (TimeoutError, httpx.TimeoutException):
         failure = retry_failure(
             attempt,
@@ -188,7 +191,7 @@ async def forward_message(
             "ForwardTimeout",
             f"no answer within {forward.timeout_seconds:g}s",
             None,
-            budget_start=row.budget_start,
+            budget_start=budget_start,
         )
     except httpx.HTTPError as exc:
         failure = retry_failure(
@@ -197,7 +200,7 @@ async def forward_message(
             "ForwardConnectionError",
             f"{type(exc).__name__}: {exc}",
             None,
-            budget_start=row.budget_start,
+            budget_start=budget_start,
         )
     finished = datetime.now(UTC)
     if failure is None:

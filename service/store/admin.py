@@ -216,34 +216,21 @@ GET_ATTEMPTS = text(
     """
 )
 # Where a message stands with each named destination that has run for it (0010), with its
-# attempts in all (`attempts`) and since an operator last ran it again (`attempts_since`): its
-# attempt rows after the latest retry or replay of it, or of the whole message (which runs
-# again those of its destinations not processed then, every one for a replay). Read from the
-# message's history, through inbox_attempts_message_idx: no column keeps it.
+# attempts in all (`attempts`) and since an operator last ran it again (`attempts_since`: of
+# its own budget, 0018), whether by a retry or replay of it or of the whole message.
 GET_DESTINATIONS = text(
-    f"""
-    SELECT d.destination AS name, d.status, d.attempts, d.last_error, d.updated_at,
-           d.processed_at,
-           (SELECT count(*) FROM inbox_attempts AS a
-             WHERE a.message_id = d.message_id AND a.destination = d.destination
-               AND NOT starts_with(a.outcome, 'admin_')
-               AND a.id > coalesce((
-                   SELECT max(r.id) FROM inbox_attempts AS r
-                    WHERE r.message_id = d.message_id
-                      AND r.outcome IN ('{ADMIN_RETRY}', '{ADMIN_REPLAY}')
-                      AND (r.destination = d.destination
-                           OR (r.destination IS NULL
-                               AND (r.outcome = '{ADMIN_REPLAY}' OR d.status <> 'processed'
-                                    OR d.processed_at > r.started_at)))), 0)
-           ) AS attempts_since
-      FROM inbox_destinations AS d WHERE d.message_id = :id ORDER BY d.destination
-    """  # noqa: S608 - fixed outcomes, no input
+    """
+    SELECT destination AS name, status, attempts, last_error, updated_at, processed_at,
+           attempts - budget_start AS attempts_since
+      FROM inbox_destinations WHERE message_id = :id ORDER BY destination
+    """
 )
 # What a whole message's retry does to its named destinations: the unfinished ones run
 # again; a replay (of a processed message) runs every one again.
 RESET_PAIRS = text(
     """
-    UPDATE inbox_destinations SET status = 'pending', updated_at = now(), processed_at = NULL
+    UPDATE inbox_destinations
+       SET status = 'pending', budget_start = attempts, updated_at = now(), processed_at = NULL
      WHERE message_id = :id AND (status <> 'processed' OR :replay)
     """
 )
@@ -505,7 +492,8 @@ async def bulk_retry(
             -- Named destinations: the unfinished ones run again, every one for a replay.
             paired AS (
                 UPDATE inbox_destinations d
-                   SET status = 'pending', updated_at = now(), processed_at = NULL
+                   SET status = 'pending', budget_start = d.attempts, updated_at = now(),
+                       processed_at = NULL
                   FROM picked
                  WHERE d.message_id = picked.id
                    AND (d.status <> 'processed' OR picked.old_status = 'processed')

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.status import DUE, Status
 from service.store.claims import BY_ID_PLANS, BY_ID_STATUS
-from service.store.results import AttemptResult, MessageRow
+from service.store.results import AttemptResult, DestinationAttempts, MessageRow
 from service.store.savepoints import MessageSavepoints, driver_of, driver_transaction
 
 # One round trip records a whole batch: the status update, the attempt rows, and the release of
@@ -103,9 +103,10 @@ RECORD_DESTINATIONS = """
      WHERE NOT v.deferred
 """
 
-# Where each of a batch's messages stands with the destinations that have run for it.
+# Where each of a batch's messages stands with the destinations that have run for it, and
+# the attempts each has made, in all and before its budget began (0018).
 LOAD_DESTINATIONS = """
-    SELECT message_id, destination, status
+    SELECT message_id, destination, status, attempts, budget_start
       FROM inbox_destinations
      WHERE message_id = ANY($1::bigint[])
 """
@@ -194,16 +195,20 @@ async def _finish(
 
 
 async def load_destinations(conn: AsyncConnection, rows: Sequence[MessageRow]) -> None:
-    """Set each row's `destinations`: the named destinations that have run for it, and where
-    each stands. In the batch's transaction, which holds the rows locked."""
+    """Set each row's `destinations` and `destination_attempts`: the named destinations that
+    have run for it, where each stands and the attempts it has made. In the batch's
+    transaction, which holds the rows locked."""
     if not rows:
         return
     states: dict[int, dict[str, str]] = {row.id: {} for row in rows}
+    attempts: dict[int, dict[str, DestinationAttempts]] = {row.id: {} for row in rows}
     driver = await driver_of(conn)
     for record in await driver.fetch(LOAD_DESTINATIONS, list(states)):
         states[record[0]][record[1]] = record[2]
+        attempts[record[0]][record[1]] = DestinationAttempts(record[3], record[4])
     for row in rows:
         row.destinations = states[row.id]
+        row.destination_attempts = attempts[row.id]
 
 
 async def finish_attempts(

@@ -43,7 +43,8 @@ PAIR_PENDING = text(
     INSERT INTO inbox_destinations AS d (message_id, destination, source, status)
     VALUES (:id, :destination, :source, 'pending')
         ON CONFLICT (message_id, destination) DO UPDATE
-       SET status = 'pending', updated_at = now(), processed_at = NULL
+       SET status = 'pending', budget_start = d.attempts, updated_at = now(),
+           processed_at = NULL
     """
 )
 PAIR_DISCARDED = text(
@@ -217,7 +218,8 @@ async def replay_to_destination(
                 INSERT INTO inbox_destinations AS d (message_id, destination, source, status)
                 SELECT id, :destination, source, 'pending' FROM picked
                     ON CONFLICT (message_id, destination) DO UPDATE
-                   SET status = 'pending', updated_at = now(), processed_at = NULL
+                   SET status = 'pending', budget_start = d.attempts, updated_at = now(),
+                       processed_at = NULL
             ), moved AS (
                 UPDATE inbox_messages m
                    SET status = 'pending', budget_start = m.attempts, next_attempt_at = now(),

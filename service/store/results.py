@@ -14,6 +14,25 @@ from service.core.status import Status
 DEFERRED = "deferred"
 
 
+@dataclass(frozen=True, slots=True)
+class DestinationAttempts:
+    """A named destination's attempts for one message: `made` in all, and `budget_start` those
+    made before its current budget began (an operator ran it again). It is retried and
+    dead-lettered on its own budget, `made - budget_start` of `max_attempts`, not the
+    message's: a destination held back by a gate spends none while another one fails."""
+
+    made: int = 0
+    budget_start: int = 0
+
+    @property
+    def next(self) -> int:
+        """The number of its next attempt."""
+        return self.made + 1
+
+
+NO_ATTEMPTS = DestinationAttempts()
+
+
 # MessageRow and AttemptResult are made for every message run: slotted, not frozen, since a
 # frozen dataclass sets each field through object.__setattr__ (service/sources/base.py).
 @dataclass(slots=True)
@@ -35,6 +54,8 @@ class MessageRow:
     # Of a source with named destinations: each destination that has run for the message,
     # and its status (`load_destinations`); empty when none has.
     destinations: dict[str, str] | None = None
+    # And the attempts each has made: its own budget (`DestinationAttempts`).
+    destination_attempts: dict[str, DestinationAttempts] | None = None
     # Its source's ordering key's value (None: it has none), and its status when claimed
     # (what it returns to when its run is deferred, `processing.ordering`).
     ordering_key: str | None = None

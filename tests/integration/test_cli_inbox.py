@@ -132,13 +132,15 @@ async def test_after_an_operator_retry_a_destination_shows_both_attempt_counts(
 ) -> None:
     message = await seed(db, "m-routed", source="routed", status="retrying", attempts=6)
     await db.execute(
-        "INSERT INTO inbox_destinations (message_id, destination, source, status, attempts) "
-        "VALUES ($1, 'billing', 'routed', 'retrying', 4), "
-        "($1, 'warehouse', 'routed', 'retrying', 2)",
+        "INSERT INTO inbox_destinations (message_id, destination, source, status, attempts, "
+        "budget_start) "
+        "VALUES ($1, 'billing', 'routed', 'retrying', 4, 3), "
+        "($1, 'warehouse', 'routed', 'retrying', 2, 1)",
         message,
     )
     # billing: 3 failed, retried on its own, 1 failed; warehouse: 1 failed, the whole message
-    # retried (which ran its unfinished destinations again), 1 failed.
+    # retried (which ran its unfinished destinations again), 1 failed. Each retry started the
+    # destination's budget at its attempts then (`budget_start`).
     history = [
         ("failed", "billing"),
         ("failed", "warehouse"),

@@ -140,3 +140,49 @@ async def test_a_destination_rate_limit_holds_its_runs_only_and_spends_no_attemp
     )
     assert limit["current_per_second"] > 0
     assert 'webhook_inbox_rate_limit_claimed_total{destination="crm",source="hooks"}' in metrics
+
+
+async def test_a_destination_spends_its_own_attempts_not_the_messages(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    """While its endpoint defers it (503 with Retry-After, no attempt spent) the ledger fails
+    and spends the message's attempts; the crm then gets its own three, not what is left."""
+    deferrals = [(503, {"Retry-After": "1"})] * 2
+    async with scripted_server(*deferrals, *[(500, {})] * 3) as crm:
+        destinations = {
+            "crm": {"forward": {"url": crm.url}},
+            "ledger": {"handlers": ["tests.handlers:always_fail"]},
+        }
+        config = {"sources": {"hooks": source(destinations=destinations, max_attempts=3)}}
+        async with worker_for(config, admin_tokens=[TOKEN]) as client:
+            await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-1"))
+            await wait_until(
+                db, "SELECT count(*) FROM inbox_messages WHERE status = 'dead'", 1, timeout=30
+            )
+            assert await pairs(db, "ledger") == [("dead", 3)]
+            assert await pairs(db, "crm") == [("dead", 3)]
+            # An operator's retry of the crm gives it a fresh budget: it runs, and succeeds.
+            message = await db.fetchval("SELECT id FROM inbox_messages")
+            retried = await client.post(
+                f"/admin/messages/{message}/destinations/crm/retry", headers=AUTH
+            )
+            assert retried.status_code == 200, retried.text
+            await wait_until(
+                db,
+                "SELECT status FROM inbox_destinations WHERE destination = 'crm'",
+                "processed",
+            )
+            shown = (await client.get(f"/admin/messages/{message}", headers=AUTH)).json()
+    assert [r.status for r in crm.requests] == [503, 503, 500, 500, 500, 200]
+    crm_shown = next(d for d in shown["destinations"] if d["name"] == "crm")
+    assert (crm_shown["attempt_count"], crm_shown["attempt_count_total"]) == (1, 4)
+    crm_attempts = await db.fetch(
+        "SELECT outcome FROM inbox_attempts WHERE destination = 'crm' ORDER BY id"
+    )
+    assert [r["outcome"] for r in crm_attempts] == [
+        "failed",
+        "failed",
+        "dead",
+        "admin_retry",
+        "processed",
+    ]

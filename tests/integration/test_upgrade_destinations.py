@@ -16,7 +16,7 @@ from service.core.migrations import current_revision, head_revision, upgrade
 from service.core.settings import Settings
 from tests.conftest import AppFactory
 from tests.handlers import EFFECTS_DDL
-from tests.pg import create_database, drop_database, with_database
+from tests.pg import migrated_database
 from tests.processing_helpers import WORKER_SETTINGS, source, wait_until
 
 MESSAGES = [  # message_id, status, attempts
@@ -57,11 +57,7 @@ SNAPSHOT_ATTEMPTS = (
 @pytest.fixture
 async def old_database(pg_server: str) -> AsyncIterator[str]:
     """A database at 0009, filled as the previous release leaves one."""
-    name = await create_database(pg_server)
-    url = with_database(pg_server, name)
-    engine = create_engine(url, Settings(database_url="x"))
-    try:
-        await upgrade(engine, "0009")
+    async with migrated_database(pg_server, "0009") as (url, _):
         conn = await asyncpg.connect(asyncpg_dsn(url))
         try:
             await conn.execute(FILL, *map(list, zip(*MESSAGES, strict=True)))
@@ -74,9 +70,6 @@ async def old_database(pg_server: str) -> AsyncIterator[str]:
         finally:
             await conn.close()
         yield url
-    finally:
-        await engine.dispose()
-        await drop_database(pg_server, name)
 
 
 @pytest.fixture
