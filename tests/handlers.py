@@ -45,6 +45,7 @@ RECORD_SETTINGS = text(
                               'enable_seqscan', current_setting('enable_seqscan'),
                               'enable_hashjoin', current_setting('enable_hashjoin'),
                               'enable_mergejoin', current_setting('enable_mergejoin'),
+                              'plan_cache_mode', current_setting('plan_cache_mode'),
                               'statement_timeout', current_setting('statement_timeout'))
     """
 )

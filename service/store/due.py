@@ -73,7 +73,8 @@ def no_live_claim(alias: str) -> str:
 # behind each due head the next messages of its key while they are due, up to an even share
 # of the limit, so that one hot key fills a batch and a thousand keys get one each. A run is locked
 # SKIP LOCKED, and only its unbroken prefix from the head is kept: a message is never
-# claimed while an earlier one of its key is another worker's. The plan has one shape (index
+# claimed while an earlier one of its key is another worker's (a head, rank 1, is its own
+# prefix: the count that checks the others is not run for it). The plan has one shape (index
 # probes in nested loops over CTEs), whatever the statistics say. The batch runs a run in id
 # order and defers what follows a message that does not succeed (`processing.ordering`).
 _HEAD_DUE = f"""({due_now("o")} AND NOT o.run_alone AND {no_live_claim("o")})"""
@@ -128,7 +129,7 @@ def keyed_runs(limit: str) -> str:
     ), kept AS (
         SELECT l.id, l.status
           FROM locked AS l
-         WHERE l.rank = (SELECT count(*) FROM locked AS p
+         WHERE l.rank = 1 OR l.rank = (SELECT count(*) FROM locked AS p
                           WHERE p.head = l.head AND p.rank <= l.rank)
     )"""  # noqa: S608 - fixed expressions, no input
 

@@ -24,7 +24,10 @@ class StoreRefused(Exception):
     text it cannot encode): the same bytes would be refused again, and nothing was committed."""
 
 
-# Connection refused, socket gone, server shutting down, pool exhausted, statement timeout.
+# Connection refused, socket gone, server shutting down, pool exhausted, statement timeout,
+# and a connection the driver left mid-operation when the server went away under it
+# (InternalClientError "cannot switch to state …; another operation is in progress", seen when
+# the database was stopped during a group commit): unusable, so replaced, and a 503.
 _UNAVAILABLE = (
     OperationalError,
     InterfaceError,
@@ -36,6 +39,7 @@ _UNAVAILABLE = (
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.QueryCanceledError,
     asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
 )
 
 

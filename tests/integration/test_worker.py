@@ -210,15 +210,17 @@ async def test_handlers_run_with_the_servers_planner_settings_and_their_own_time
     worker_for: AppFactory, db: asyncpg.Connection, handler: str, messages: list[str]
 ) -> None:
     # The claim disables sorts for its own plan, and the hold of a batch that runs again
-    # disables sequential scans, hash and merge joins for its own, in the transaction the
-    # handlers then run in: they must not inherit that, optimistic batch or isolated.
+    # disables sequential scans, hash and merge joins for its own, both use generic plans, in
+    # the transaction the handlers then run in: they must not inherit that, optimistic batch
+    # or isolated.
     await insert_messages(db, *messages)
     cfg = config(f"tests.handlers:{handler}", handler_timeout_seconds=7, max_attempts=1)
     async with worker_for(cfg):
         await wait_until(db, FINISHED, len(messages), 15)
     settings = [json.loads(r["payload"]) for r in await db.fetch("SELECT payload FROM effects")]
     server = {"enable_sort": "on", "enable_seqscan": "on", "enable_hashjoin": "on"}
-    assert settings == [{**server, "enable_mergejoin": "on", "statement_timeout": "7s"}] * 2
+    inherited = {"enable_mergejoin": "on", "plan_cache_mode": "auto", "statement_timeout": "7s"}
+    assert settings == [{**server, **inherited}] * 2
 
 
 async def test_deliveries_committed_soon_after_a_batch_began_are_claimed_together(
