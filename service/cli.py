@@ -51,7 +51,8 @@ WORKER_EPILOG = (
     + """Worker settings: INBOX_WORKER_CONCURRENCY (default 4), INBOX_WORKER_BATCH_SIZE (100),
 INBOX_WORKER_POLL_SECONDS (2), INBOX_WORKER_GRACE_SECONDS (30),
 INBOX_WORKER_LEASE_MARGIN_SECONDS (30), INBOX_WORKER_LINGER_SECONDS (0.05),
-INBOX_WORKER_NICE (0); the options below override the first four.
+INBOX_WORKER_NICE (0), INBOX_WORKER_INGEST_CONCURRENCY (half the cores); the options
+below override the first four.
 """
 )
 

@@ -138,6 +138,21 @@ async def record_slowly(message: InboxMessage, ctx: HandlerContext) -> None:
     await record(message, ctx)
 
 
+# How many `record_overlapping` calls run at once, and the most that have: a batch runs its
+# handlers one after another, so this counts the batches running at once.
+overlap = {"running": 0, "most": 0}
+
+
+async def record_overlapping(message: InboxMessage, ctx: HandlerContext) -> None:
+    overlap["running"] += 1
+    overlap["most"] = max(overlap["most"], overlap["running"])
+    try:
+        await asyncio.sleep(0.005)
+        await record(message, ctx)
+    finally:
+        overlap["running"] -= 1
+
+
 async def record_after_gate(message: InboxMessage, ctx: HandlerContext) -> None:
     """Records once the file named by the payload's `until` exists (at most 60 s from now).
 

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     # HTTP process comes first for a core while a backlog drains; not shown to help on this
     # project's shared machine (docs/operating.md, bench/backlog --ingest).
     worker_nice: int = Field(default=0, ge=0, le=19)
+    # How many of the claim loops run while deliveries are arriving (one was committed in the
+    # last second): ingest first. None, the default: half the machine's cores, at least one;
+    # worker_concurrency or more: the worker never yields (docs/operating.md).
+    worker_ingest_concurrency: int | None = Field(default=None, ge=1, le=256)
 
     @property
     def config_is_set(self) -> bool:

@@ -4,6 +4,7 @@ which `Batches`, `Leasing` and `Gating` (each in a module of its own) read and c
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
 
 import httpx
@@ -26,6 +27,8 @@ class WorkerOptions:
     grace_seconds: float = 30.0
     lease_margin_seconds: float = 30.0
     linger_seconds: float = 0.05
+    # The claim loops that run while deliveries arrive (None: half the cores, at least one).
+    ingest_concurrency: int | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerOptions:
@@ -36,7 +39,16 @@ class WorkerOptions:
             grace_seconds=settings.worker_grace_seconds,
             lease_margin_seconds=settings.worker_lease_margin_seconds,
             linger_seconds=settings.worker_linger_seconds,
+            ingest_concurrency=settings.worker_ingest_concurrency,
         )
+
+    @property
+    def loops_while_ingesting(self) -> int:
+        """How many claim loops run while deliveries are arriving: on a machine of few cores
+        ingest's HTTP process and the database's backends for it share them with the worker's,
+        and ingest answers senders who wait (bench/backlog --ingest)."""
+        default = max(1, (os.cpu_count() or 2) // 2)
+        return min(self.concurrency, self.ingest_concurrency or default)
 
 
 @dataclass

@@ -46,6 +46,9 @@ log = logging.getLogger("service.worker")
 
 REAP_LIMIT = 500
 MAX_ERROR_BACKOFF_SECONDS = 30.0
+# Deliveries are arriving while one was notified this recently: the claim loops beyond
+# `WorkerOptions.loops_while_ingesting` wait.
+INGESTING_SECONDS = 1.0
 
 
 class WorkerCrashed(Exception):
@@ -124,6 +127,8 @@ class Worker(Gating, Leasing, Batches):
         self._alone_due = False
         self._isolate_until: dict[str, float] = {}  # source -> time.monotonic()
         self._last_batch = -math.inf  # when a batch last began (the event loop's clock)
+        # Until when deliveries count as arriving (the event loop's clock; `_notified`).
+        self._ingesting_until = -math.inf
         self._lingering: asyncio.TimerHandle | None = None
         # A batch just finished messages with an ordering key: the next of each key may be
         # due now, so claim again at once instead of waiting for a wake-up (a partial batch
@@ -150,9 +155,10 @@ class Worker(Gating, Leasing, Batches):
         now, or, if a batch began less than `linger_seconds` ago, once that long has passed
         since it began. What ingest commits meanwhile is then claimed as one batch rather than
         as a small batch per commit, each paying a batch's round trips and statements."""
+        loop = asyncio.get_running_loop()
+        self._ingesting_until = loop.time() + INGESTING_SECONDS
         if self._lingering is not None:
             return  # a wake is already due
-        loop = asyncio.get_running_loop()
         wait = self._last_batch + self.options.linger_seconds - loop.time()
         if wait <= 0:
             self.wake_one()
@@ -255,6 +261,8 @@ class Worker(Gating, Leasing, Batches):
                     self._idle.remove(wake)
             wake.clear()
             while not stop.is_set():
+                if index >= self.options.loops_while_ingesting and await self._yield(stop):
+                    continue
                 try:
                     if self._alone_due:
                         self._alone_due = False
@@ -279,6 +287,16 @@ class Worker(Gating, Leasing, Batches):
                     break
                 self._claim_again = False
                 self.wake_one()  # a full batch: more may be waiting, let another loop help
+
+    async def _yield(self, stop: asyncio.Event) -> bool:
+        """Ingest first: while deliveries are arriving, wait until they have stopped for
+        `INGESTING_SECONDS` (or the worker stops); whether it waited."""
+        wait = self._ingesting_until - asyncio.get_running_loop().time()
+        if wait <= 0:
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), wait)
+        return True
 
     async def run_batch(self) -> int:
         """Claim and run one batch of the Python handlers' sources, and one of the forwards';

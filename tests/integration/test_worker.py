@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -520,3 +521,49 @@ async def test_a_hung_handler_times_out_and_is_retried_without_effect(
     assert [a["error_type"] for a in attempts] == [timeout, timeout]
     assert "handler_timeout_seconds" in attempts[0]["error"]
     assert await db.fetchval("SELECT count(*) FROM effects") == 0
+
+
+async def test_while_deliveries_arrive_the_worker_runs_fewer_claim_loops(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    """Ingest first (issue 70): while deliveries are being committed, only
+    `worker_ingest_concurrency` claim loops run batches; once they stop, every loop does."""
+    cfg = config("tests.handlers:record_overlapping")
+    settings = {"worker_concurrency": 4, "worker_ingest_concurrency": 1, "worker_poll_seconds": 0.2}
+    processed = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
+    sent = 0
+    async with worker_for(cfg, **settings) as client:
+        arriving = asyncio.Event()
+        stop_sending = asyncio.Event()
+
+        async def send() -> None:
+            nonlocal sent
+            while not stop_sending.is_set():
+                await client.post("/webhooks/hooks", content=b"{}", headers=delivery(f"d{sent}"))
+                sent += 1
+                arriving.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop_sending.wait(), 0.05)
+
+        sender = asyncio.create_task(send())
+        await arriving.wait()
+        handlers.overlap["most"] = 0
+        # A backlog of four batches lands while deliveries keep arriving.
+        await insert_messages(db, *(f"a{i}" for i in range(400)))
+        await wait_until(
+            db,
+            "SELECT count(*) FROM inbox_messages WHERE message_id LIKE 'a%' "
+            "AND status = 'processed'",
+            400,
+            60,
+        )
+        while_arriving = handlers.overlap["most"]
+        stop_sending.set()
+        await sender
+        await wait_until(db, processed, 400 + sent, 20)
+        handlers.overlap["most"] = 0
+        await insert_messages(db, *(f"b{i}" for i in range(400)))
+        await wait_until(db, processed, 800 + sent, 60)
+        once_stopped = handlers.overlap["most"]
+    assert while_arriving == 1
+    assert once_stopped >= 2

@@ -94,7 +94,9 @@ async def test_tampering_is_401(mutate, detail: str) -> None:  # type: ignore[no
     assert detail in refusal.detail
 
 
-@pytest.mark.parametrize(("offset", "word"), [(-301, "too old"), (301, "future")])
+# Ten seconds past the 300 s tolerance: a loaded machine may take a second between signing
+# and verifying, and the signed timestamp is whole seconds.
+@pytest.mark.parametrize(("offset", "word"), [(-310, "too old"), (310, "future")])
 async def test_timestamps_outside_tolerance_both_ways(offset: int, word: str) -> None:
     at = datetime.now(tz=UTC) + timedelta(seconds=offset)
     refusal = await refusal_of(SOURCE, BODY, signed_request(NEW_SECRET, "msg_s", BODY, at))
