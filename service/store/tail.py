@@ -171,6 +171,9 @@ class Tail:
     redelivered_since: datetime | None = None
     # Duplicates shown within the overlap: row id -> (receive_count shown, last_received_at).
     shown_redeliveries: dict[int, tuple[int, datetime]] = field(default_factory=dict)
+    # The newest receipt shown of each row (row id -> its time): once the worker adds it to
+    # the row, `last_received_at` is that time, and it is not shown again.
+    shown_receipts: dict[int, datetime] = field(default_factory=dict)
 
     async def start(self) -> None:
         """Begin at the newest row of each table: what happens from now on."""
@@ -253,9 +256,11 @@ class Tail:
         rows = await self._rows(conn, REDELIVERED, "", {"since": since - REDELIVERY_OVERLAP})
         events = []
         for r in rows:
-            if r.at <= since and self.shown_redeliveries.get(r.id, (0,))[0] >= r.receive_count:
-                continue  # read again within the overlap, already shown
+            already = self.shown_redeliveries.get(r.id, (0,))[0] >= r.receive_count
+            counted = self.shown_receipts.get(r.id) == r.at  # a receipt shown, now counted
             self.shown_redeliveries[r.id] = (r.receive_count, r.at)
+            if (r.at <= since and already) or counted:
+                continue  # read again within the overlap, or shown as a receipt
             events.append(
                 TailEvent(
                     r.at,
@@ -271,10 +276,15 @@ class Tail:
         floor = self.redelivered_since - REDELIVERY_OVERLAP
         for old in [i for i, (_, at) in self.shown_redeliveries.items() if at < floor]:
             del self.shown_redeliveries[old]
+        for old in [i for i, at in self.shown_receipts.items() if at < floor]:
+            del self.shown_receipts[old]
         return events, len(rows) == self.limit
 
     async def _kept_aside(self, conn: AsyncConnection, now: float) -> tuple[list[TailEvent], bool]:
         rows = await self._followed(conn, KEPT_ASIDE, "m", self.receipts, now)
+        for r in rows:
+            if r.message is not None:
+                self.shown_receipts[r.message] = max(r.at, self.shown_receipts.get(r.message, r.at))
         events = [
             TailEvent(r.at, TailKind.DUPLICATE, r.message, r.source, r.message_id, r.event_type)
             for r in rows

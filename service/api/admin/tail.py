@@ -53,10 +53,7 @@ class TailEventDocument(BaseModel):
         "recorded message), or an attempt's outcome: `processed`, `failed` (to be retried), "
         "`dead`."
     )
-    at: datetime = Field(
-        description="When: the delivery's arrival, or the attempt's end. A duplicate kept "
-        "aside while its message's handlers ran comes once the worker counts it."
-    )
+    at: datetime = Field(description="When: the delivery's arrival, or the attempt's end.")
     id: int = Field(description="The inbox row id (GET /admin/messages/{id}).")
     source: str
     message_id: str = Field(description="The dedup key.")
@@ -69,8 +66,9 @@ class TailEventDocument(BaseModel):
     error: str | None = Field(default=None, description="A failure's error message.")
     deliveries: int | None = Field(
         default=None,
-        description="A duplicate's: the deliveries of the message counted so far. Several "
-        "redeliveries between two reads of the tail show as one event.",
+        description="A duplicate's: the deliveries of the message counted so far; null for "
+        "one that arrived while the message's handlers ran, which the worker counts once they "
+        "end. Several redeliveries between two reads of the tail show as one event.",
     )
 
     @classmethod
