@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 from service.commands import db_url as db_url_command
 from service.commands import inbox as inbox_commands
 from service.commands import send as send_command
+from service.commands import tail as tail_command
 from service.commands.outcome import CommandError, Exit, exit_with, not_migrated
 from service.commands.parsers import command_parser
 from service.startup import load
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inbox_commands.add_commands(commands)
     send_command.add_command(commands)
+    tail_command.add_command(commands)
     db_url_command.add_command(commands)
     return parser
 

@@ -31,6 +31,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/sources/hooks/pause"),
     ("POST", "/admin/sources/hooks/resume"),
     ("GET", "/admin/rejected"),
+    ("GET", "/admin/tail"),
 ]
 
 

@@ -124,6 +124,13 @@ class MessageRecord(InboxTable, table=True):
             postgresql_where=text(f"status <> '{Status.PROCESSED.value}'"),
         ),
         Index("inbox_messages_event_type_idx", "event_type"),
+        # The redelivered messages by their latest delivery, for `tail` to show duplicates
+        # (0019): a first delivery adds no entry, only a redelivery does.
+        Index(
+            "inbox_messages_redelivered_idx",
+            "last_received_at",
+            postgresql_where=text("receive_count > 1"),
+        ),
         # The unfinished messages of each ordering key (0012): a claim passes over a message
         # while an earlier one of its key is here, and the admin names it ("held behind").
         Index(

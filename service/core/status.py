@@ -43,3 +43,27 @@ def summary_status(statuses: Iterable[str]) -> Status:
         if status.value in seen:
             return status
     return Status.PROCESSED
+
+
+class TailKind(StrEnum):
+    """What the live tail (`webhook-inbox tail`, GET /admin/tail) shows happening to a message:
+    its first delivery accepted, a redelivery of it, or an attempt's outcome."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    PROCESSED = "processed"
+    FAILED = "failed"
+    DEAD = "dead"
+
+
+# The attempt outcomes (`inbox_attempts.outcome`) the tail shows, as the kind it shows them as:
+# a failure that will be retried (or was abandoned by a worker that died) is `failed`; admin
+# actions and deferred runs are not outcomes of a run and are not shown.
+TAIL_OUTCOMES: dict[str, TailKind] = {
+    "processed": TailKind.PROCESSED,
+    "skipped": TailKind.PROCESSED,
+    "failed": TailKind.FAILED,
+    "retry_later": TailKind.FAILED,
+    "abandoned": TailKind.FAILED,
+    "dead": TailKind.DEAD,
+}

@@ -29,8 +29,13 @@ HEALTH_CHECK_SECONDS = 15.0
 MAX_RECONNECT_DELAY_SECONDS = 30.0
 
 
-async def listen_for_messages(url: str, on_notify: Callable[[], None]) -> NoReturn:
+async def listen_for_messages(
+    url: str, on_notify: Callable[[], None], application_name: str = LISTENER_APPLICATION_NAME
+) -> NoReturn:
     """Call `on_notify` for each notification on `webhook_inbox`, forever.
+
+    `application_name` names the connection; the workers' own name is what
+    `wait_for_listeners` counts, so a listener of another kind (`tail`) names itself apart.
 
     A lost connection is reopened with backoff; `on_notify` is also called on every (re)connect,
     since notifications sent while nobody listened are gone. Polling covers the gap meanwhile.
@@ -46,7 +51,7 @@ async def listen_for_messages(url: str, on_notify: Callable[[], None]) -> NoRetu
             conn = await asyncpg.connect(
                 asyncpg_dsn(url),
                 timeout=10,
-                server_settings={"application_name": LISTENER_APPLICATION_NAME},
+                server_settings={"application_name": application_name},
             )
             await conn.add_listener(NOTIFY_CHANNEL, callback)
             log.info("listening", extra={"channel": NOTIFY_CHANNEL})

@@ -552,3 +552,42 @@ async def seed_an_hour(db: asyncpg.Connection) -> None:
                 "TimeoutError" if failed else None,
                 "upstream timed out" if failed else None,
             )
+
+
+async def test_the_live_view_shows_deliveries_duplicates_and_outcomes_as_they_happen(
+    console: Console, page: Page
+) -> None:
+    await sign_in(page, console)
+    await page.get_by_role("link", name="Live").click()
+    await expect(page).to_have_url(console.url + "/console/tail")
+    await page.get_by_label("Source").select_option("billing")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page).to_have_url(console.url + "/console/tail?source=billing")
+    await expect(page.get_by_role("status")).to_contain_text("Following", timeout=SETTLE)
+
+    await console.deliver("evt_paid")
+    await console.wait_status("evt_paid", "processed")  # its duplicate is counted on its row
+    async with httpx.AsyncClient(base_url=console.url) as client:
+        body = {"id": "evt_paid", "type": "invoice.paid", "data": {"amount": 1}}
+        response = await client.post("/webhooks/billing", json=body)
+    assert response.json()["status"] == "duplicate"
+    await console.deliver("evt_other", source="routed")  # another source: not shown
+    console.billing_down(True)
+    await console.deliver("evt_down")
+    await console.wait_status("evt_down", "dead")
+
+    rows = page.locator("table.live tbody tr")
+    paid = rows.filter(has_text="evt_paid")
+    await expect(paid.filter(has_text="accepted")).to_have_count(1, timeout=SETTLE)
+    await expect(paid.filter(has_text="duplicate (delivery 2)")).to_have_count(1, timeout=SETTLE)
+    await expect(paid.filter(has_text="processed (attempt 1)")).to_have_count(1, timeout=SETTLE)
+    down = rows.filter(has_text="evt_down")
+    await expect(down.filter(has_text="dead (attempt 3)")).to_contain_text(
+        "BillingUnavailable: billing API refused the connection for evt_down", timeout=SETTLE
+    )
+    await expect(down.filter(has_text="failed (attempt 1)")).to_have_count(1)
+    await expect(rows.filter(has_text="evt_other")).to_have_count(0)
+    # Newest on top; each row opens its message.
+    await expect(rows.first).to_contain_text("dead (attempt 3)")
+    await rows.first.get_by_role("link", name="evt_down").click()
+    await expect(page.locator("#message-status")).to_have_text("dead")
