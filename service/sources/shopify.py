@@ -56,9 +56,9 @@ class ShopifySource(SignedSource):
     def example_curl(self, base_url: str) -> str | None:
         body = json.dumps({"id": 820982911946154508, "email": "jon@example.com"})
         signature = shopify_signature(self.config.secret_values()[0], body.encode())
-        return (
-            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            "-H 'content-type: application/json' "
-            f"-H '{TOPIC_HEADER.name}: orders/create' -H '{ID_HEADER.name}: demo-webhook-1' "
-            f"-H '{SIGNATURE_HEADER.name}: {signature}' --data '{body}'"
-        )
+        headers = {
+            TOPIC_HEADER.name: "orders/create",
+            ID_HEADER.name: "demo-webhook-1",
+            SIGNATURE_HEADER.name: signature,
+        }
+        return self.curl_json(base_url, headers, body)
