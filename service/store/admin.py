@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Row, TextClause, text
 from sqlalchemy.exc import DBAPIError
@@ -598,6 +598,15 @@ RECENT_RATES = text(
 )
 
 
+class CatchUpFields(TypedDict):
+    """A catch-up as `/admin/stats` and `/metrics` publish it, under their field names."""
+
+    backlog: int
+    drain_rate_per_second: float
+    arrival_rate_per_second: float
+    catch_up_seconds: float | None
+
+
 @dataclass(frozen=True)
 class CatchUp:
     """How fast the backlog (pending, retrying, processing) is being worked off."""
@@ -614,6 +623,14 @@ class CatchUp:
             return 0.0
         shrinking = self.drained_per_second - self.received_per_second
         return self.backlog / shrinking if shrinking > 0 else None
+
+    def published(self) -> CatchUpFields:
+        return CatchUpFields(
+            backlog=self.backlog,
+            drain_rate_per_second=self.drained_per_second,
+            arrival_rate_per_second=self.received_per_second,
+            catch_up_seconds=self.seconds_left,
+        )
 
 
 async def catch_up(engine: AsyncEngine, backlog: int) -> CatchUp:
