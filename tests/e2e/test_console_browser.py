@@ -64,10 +64,6 @@ kind = "generic"
 id_header = "x-github-delivery"
 event_type_header = "x-github-event"
 
-[sources.signed]
-kind = "github"
-secrets = ["console-test-github-secret"]
-
 [sources.shop]
 kind = "generic"
 id_json_pointer = "/id"
@@ -83,6 +79,10 @@ rate_limit = "30/m"
 [sources.shop.destinations.audit]
 event_types = ["refund.*"]
 handlers = ["tests.handlers:record_billing"]
+
+[sources.signed]
+kind = "github"
+secrets = ["console-test-github-secret"]
 """
 
 
