@@ -476,8 +476,8 @@ async def move_matching_to_pending(
     batch's answer (`last`, `n`, `sources`, then `answer`'s columns); `dry_run` only counts.
 
     A batch's `picked` CTE has each message's `id`, `source`, `old_attempts` and the columns
-    `picked` adds; `then` is the batch's further CTEs (each ending with a comma), what the
-    action records besides the message's own move."""
+    `picked` adds; `then` is the batch's further CTEs, comma-separated as after WITH: what the
+    action does besides moving the message."""
     async with translate_errors():
         matched, last_id = await count_matching(engine, where, params)
         if dry_run or last_id is None:
