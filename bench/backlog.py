@@ -30,15 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from bench.fanout import environment
 from bench.load import BODY_TEMPLATE, ensure_wrk, run_wrk, write_requests
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, connected
 from bench.process import (
     HANDLERS,
     INSERT_BACKLOG,
     SOURCES_TOML,
+    add_effect_arguments,
     openloop,
     prepare,
     wait_for_listeners,
@@ -90,13 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--small-runs", type=int, default=3, help="small drains, before and after the large (3)"
     )
-    parser.add_argument(
-        "--handler",
-        default="execute",
-        choices=[h for h in HANDLERS if h != "noop"],
-        help="the one-row effect's style, as bench/process --handlers (execute)",
-    )
-    parser.add_argument("--log-level", default="WARNING", help="the service's INBOX_LOG_LEVEL")
+    add_effect_arguments(parser, log_level="WARNING")
     ingest = parser.add_argument_group("--ingest: ingest idle and while a backlog drains")
     ingest.add_argument("--ingest", action="store_true", help="measure ingest, not the drains")
     ingest.add_argument(
@@ -118,8 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def fill(url: str, messages: int, prefix: str) -> None:
     """`messages` pending messages, committed `FILL_CHUNK` at a time, progress printed."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         started = time.monotonic()
         for first in range(0, messages, FILL_CHUNK):
             count = min(FILL_CHUNK, messages - first)
@@ -131,8 +123,6 @@ async def fill(url: str, messages: int, prefix: str) -> None:
                 f"  filled {first + count:,} of {messages:,} ({time.monotonic() - started:.0f} s)",
                 flush=True,
             )
-    finally:
-        await conn.close()
 
 
 class Sampler:
@@ -156,8 +146,7 @@ class Sampler:
         return bool(self.samples) and self.samples[-1]["effects"] >= self.total
 
     async def _run(self) -> None:
-        conn = await asyncpg.connect(self.url)
-        try:
+        async with connected(self.url) as conn:
             while not self._stop.is_set():
                 row = dict(await conn.fetchrow(SAMPLE))
                 self.samples.append({k: float(v or 0) for k, v in row.items()})
@@ -170,8 +159,6 @@ class Sampler:
                         flush=True,
                     )
                 await asyncio.sleep(1.0)
-        finally:
-            await conn.close()
 
 
 def drain(url: str, env: dict[str, str], work: Path, messages: int, name: str) -> dict[str, Any]:
@@ -215,25 +202,19 @@ def drain(url: str, env: dict[str, str], work: Path, messages: int, name: str) -
 
 async def restart_effects(url: str) -> None:
     """Effects numbered from 1 again: SAMPLE reads their count as the last id."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         await conn.execute("TRUNCATE bench_effects RESTART IDENTITY")
-    finally:
-        await conn.close()
 
 
 async def effects_span(url: str) -> float:
     """From the first claim's attempt to the last effect, by the database's clock."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         return float(
             await conn.fetchval(
                 "SELECT extract(epoch FROM (SELECT max(at) FROM bench_effects) "
                 "- (SELECT min(started_at) FROM inbox_attempts))"
             )
         )
-    finally:
-        await conn.close()
 
 
 def windows(samples: list[dict[str, float]]) -> list[tuple[float, float]]:
@@ -263,16 +244,13 @@ def longest_below(series: list[tuple[float, float]], floor: float) -> float:
 
 async def progress(url: str) -> dict[str, float]:
     """The effects so far (their last id) and the messages left, by the database's clock."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         row = await conn.fetchrow(
             "SELECT extract(epoch FROM clock_timestamp()) AS at, "
             "(SELECT coalesce(max(id), 0) FROM bench_effects) AS effects, "
             "(SELECT count(*) FROM inbox_messages WHERE status = 'pending') AS left"
         )
         return {k: float(v) for k, v in row.items()}
-    finally:
-        await conn.close()
 
 
 def ingest_phase(srv: Server, url: str, work: Path, args: argparse.Namespace, tag: str) -> Any:

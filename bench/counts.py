@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from sqlalchemy import event
 
-from bench.pg import BenchPostgres, migrate
+from bench.pg import BenchPostgres, connected, migrate
 from service.core.db import asyncpg_dsn, create_engine
 from service.core.settings import Settings
 from service.store.counts import PROCESSED_COUNTS, ProcessedCounts, status_counts
@@ -46,14 +45,11 @@ def parse_args() -> argparse.Namespace:
 
 
 async def fill(url: str, rows: int) -> None:
-    conn = await asyncpg.connect(asyncpg_dsn(url))
-    try:
+    async with connected(asyncpg_dsn(url)) as conn:
         step = 500_000
         for first in range(1, rows + 1, step):
             await conn.execute(FILL, first, min(first + step - 1, rows))
         await conn.execute("VACUUM ANALYZE inbox_messages")
-    finally:
-        await conn.close()
 
 
 async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:

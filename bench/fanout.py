@@ -24,13 +24,12 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, connected
 from bench.process import (
     HANDLERS,
     ROOT,
     SOURCES_TOML,
+    add_effect_arguments,
     insert_backlog,
     prepare,
     wait_drained,
@@ -66,13 +65,7 @@ def add_drain_arguments(parser: argparse.ArgumentParser, *, messages: int) -> No
     parser.add_argument(
         "--rounds", type=int, default=3, help="rounds, each of the drains compared once a round (3)"
     )
-    parser.add_argument(
-        "--handler",
-        default="execute",
-        choices=[h for h in HANDLERS if h != "noop"],
-        help="the one-row effect's style, as bench/process --handlers (execute)",
-    )
-    parser.add_argument("--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL")
+    add_effect_arguments(parser, log_level="INFO")
 
 
 def environment(url: str, work: Path, name: str, toml: str, log_level: str) -> dict[str, str]:
@@ -89,8 +82,7 @@ def environment(url: str, work: Path, name: str, toml: str, log_level: str) -> d
 
 async def verify(url: str, messages: int, fanned: bool) -> dict[str, Any]:
     """Each message processed, and one effect per message and destination."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         row = await conn.fetchrow(
             """
             SELECT (SELECT count(*) FROM inbox_messages WHERE status = 'processed') AS processed,
@@ -111,18 +103,13 @@ async def verify(url: str, messages: int, fanned: bool) -> dict[str, Any]:
             and facts["pairs_processed"] == (per * messages if fanned else 0)
         )
         return facts
-    finally:
-        await conn.close()
 
 
 async def last_processed(url: str) -> float:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         return float(
             await conn.fetchval("SELECT extract(epoch FROM max(processed_at)) FROM inbox_messages")
         )
-    finally:
-        await conn.close()
 
 
 def timed_drain(

@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from bench import report
 from bench.load import MODES, LoadResult, ensure_wrk, run_cell_load, run_wrk, write_requests
-from bench.pg import BenchPostgres, add_recycled_wal_argument, recycled_wal
+from bench.pg import BenchPostgres, add_recycled_wal_argument, connected, recycled_wal
 from bench.servers import Server, process_tree, tree_cpu_seconds
 from bench.systems import (
     RESULTS_DIR,
@@ -110,20 +108,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def fetch_ids(url: str, table: str, source: str) -> set[str]:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         rows = await conn.fetch(f"SELECT message_id FROM {table} WHERE source = $1", source)
-    finally:
-        await conn.close()
     return {r["message_id"] for r in rows}
 
 
 async def truncate(url: str, table: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         await conn.execute(f"TRUNCATE {table} CASCADE")
-    finally:
-        await conn.close()
 
 
 def check_stored(result: LoadResult, process: Process, target: Target) -> dict[str, Any]:

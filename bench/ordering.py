@@ -29,11 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from bench.fanout import add_drain_arguments, environment, timed_drain
 from bench.load import BODY_TEMPLATE
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, connected
 from bench.process import HANDLERS
 from bench.systems import RESULTS_DIR, console_script
 
@@ -81,8 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def insert(url: str, messages: int, keys: int, analyzed: str) -> float:
     """The backlog, committed at once, analyzed before it (`empty`) or after it (`fresh`)."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         async with conn.transaction():
             if analyzed == "empty":
                 await conn.execute("ANALYZE inbox_messages")
@@ -91,14 +88,11 @@ async def insert(url: str, messages: int, keys: int, analyzed: str) -> float:
                 await conn.execute("ANALYZE inbox_messages")
             await conn.execute("NOTIFY webhook_inbox")
         return float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
-    finally:
-        await conn.close()
 
 
 async def verify(url: str, messages: int) -> bool:
     """Every message processed with one effect, and each key's effects in id order."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         row = await conn.fetchrow(
             """
             SELECT (SELECT count(*) FROM inbox_messages WHERE status = 'processed') AS processed,
@@ -117,8 +111,6 @@ async def verify(url: str, messages: int) -> bool:
             and row["distinct_effects"] == messages
             and row["out_of_order"] == 0
         )
-    finally:
-        await conn.close()
 
 
 def drain(

@@ -9,6 +9,8 @@ import shutil
 import tempfile
 import uuid
 import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -30,6 +32,16 @@ REPORTED_SETTINGS = (
 
 # About one checkpoint's worth of WAL at the default max_wal_size (1 GB).
 WAL_TO_RECYCLE_MB = 900
+
+
+@asynccontextmanager
+async def connected(url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to `url` for one step of a run, closed after it."""
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
 
 
 def with_database(url: str, name: str) -> str:
@@ -92,20 +104,14 @@ class BenchPostgres:
     async def create_database(self, prefix: str) -> str:
         """A new empty database; returns its URL."""
         name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-        conn = await asyncpg.connect(self.url)
-        try:
+        async with connected(self.url) as conn:
             await conn.execute(f"CREATE DATABASE {name}")
-        finally:
-            await conn.close()
         return with_database(self.url, name)
 
     async def drop_database(self, url: str) -> None:
         name = urlsplit(url).path.lstrip("/")
-        conn = await asyncpg.connect(self.url)
-        try:
+        async with connected(self.url) as conn:
             await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        finally:
-            await conn.close()
 
     async def recycle_wal(self, megabytes: int = WAL_TO_RECYCLE_MB) -> int:
         """Write about `megabytes` of WAL and checkpoint, so that the WAL segments the
@@ -121,8 +127,7 @@ class BenchPostgres:
         """
         if not self.embedded:
             raise SystemExit("--recycled-wal needs the embedded server: unset DATABASE_URL")
-        conn = await asyncpg.connect(self.url)
-        try:
+        async with connected(self.url) as conn:
             # One row writes about 1 KB of WAL; the table is dropped again at once.
             rows = megabytes * 1000
             await conn.execute(
@@ -133,15 +138,10 @@ class BenchPostgres:
             await conn.execute("CHECKPOINT")
             segments: int = await conn.fetchval("SELECT count(*) FROM pg_ls_waldir()")
             return segments
-        finally:
-            await conn.close()
 
     async def settings(self) -> dict[str, str]:
-        conn = await asyncpg.connect(self.url)
-        try:
+        async with connected(self.url) as conn:
             return {name: await conn.fetchval(f"SHOW {name}") for name in REPORTED_SETTINGS}
-        finally:
-            await conn.close()
 
 
 async def migrate(url: str) -> None:

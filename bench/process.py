@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import psutil
 
 from bench.handlers import EFFECTS_DDL
 from bench.load import BODY_TEMPLATE
-from bench.pg import BenchPostgres, add_recycled_wal_argument, recycled_wal
+from bench.pg import BenchPostgres, add_recycled_wal_argument, connected, recycled_wal
 from bench.profile import analyse, find_py_spy
 from bench.servers import MemorySampler, Server, process_tree, tree_cpu_seconds
 from bench.systems import RESULTS_DIR, console_script
@@ -135,6 +134,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def add_effect_arguments(parser: argparse.ArgumentParser, *, log_level: str) -> None:
+    """`--handler` and `--log-level`: of a benchmark whose handler writes one row a message."""
+    parser.add_argument(
+        "--handler",
+        default="execute",
+        choices=[h for h in HANDLERS if h != CONTROL],
+        help="the one-row effect's style, as bench/process --handlers (execute)",
+    )
+    parser.add_argument("--log-level", default=log_level, help="the service's INBOX_LOG_LEVEL")
+
+
 def service_env(url: str, work: Path, log_level: str, handler: str) -> dict[str, str]:
     config = work / f"sources-{handler}.toml"
     config.write_text(SOURCES_TOML.format(handler=HANDLERS[handler]))
@@ -148,40 +158,30 @@ def service_env(url: str, work: Path, log_level: str, handler: str) -> dict[str,
 
 
 async def prepare(url: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         await conn.execute(EFFECTS_DDL)
         await conn.execute("TRUNCATE inbox_messages, bench_effects CASCADE")
-    finally:
-        await conn.close()
 
 
 async def wait_for_listeners(url: str, count: int, timeout: float = 60.0) -> None:
     """Until `count` workers LISTEN: each claim loop has looked once, and NOTIFY reaches them."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         async with asyncio.timeout(timeout):
             await notifications.wait_for_listeners(conn, count)
-    finally:
-        await conn.close()
 
 
 async def insert_backlog(url: str, messages: int, prefix: str) -> float:
     """Insert and commit the backlog, NOTIFY; the database clock at commit (epoch seconds)."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         async with conn.transaction():
             await conn.execute(INSERT_BACKLOG, prefix, BODY_TEMPLATE, messages)
             await conn.execute("NOTIFY webhook_inbox")
         committed = float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
         return committed
-    finally:
-        await conn.close()
 
 
 async def wait_drained(url: str, timeout: float) -> bool:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             # Two EXISTS, each answered from the first entry of a partial index, not a count
@@ -194,15 +194,12 @@ async def wait_drained(url: str, timeout: float) -> bool:
                 return True
             await asyncio.sleep(0.05)
         return False
-    finally:
-        await conn.close()
 
 
 async def verify(url: str, expected: int, handler: str) -> dict[str, Any]:
     """Each message processed on its first attempt, and exactly one effect row per message
     (none for the control)."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         row = await conn.fetchrow(
             """
             SELECT (SELECT count(*) FROM inbox_messages) AS messages,
@@ -226,22 +223,17 @@ async def verify(url: str, expected: int, handler: str) -> dict[str, Any]:
             and facts["without_effect"] == expected - effects
         )
         return facts
-    finally:
-        await conn.close()
 
 
 async def drain_span(url: str, committed: float) -> dict[str, float]:
     """From the backlog's commit to the last processed mark, by the database's clock."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         row = await conn.fetchrow(
             "SELECT extract(epoch FROM max(processed_at)) AS last, "
             "extract(epoch FROM min(a.started_at)) AS first "
             "FROM inbox_messages m JOIN inbox_attempts a ON a.message_id = m.id"
         )
         return {"last": float(row["last"]), "first_claim": float(row["first"])}
-    finally:
-        await conn.close()
 
 
 def start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
@@ -469,8 +461,7 @@ def cpu_per_message(
 
 
 async def latency_facts(url: str, prefix: str) -> dict[str, Any]:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         row = await conn.fetchrow(
             """
             SELECT count(*) AS n,
@@ -494,8 +485,6 @@ async def latency_facts(url: str, prefix: str) -> dict[str, Any]:
                 for k in ("e50", "e90", "e99", "emax", "p50", "p99")
             },
         }
-    finally:
-        await conn.close()
 
 
 def openloop(url: str, rate: float, duration: float, prefix: str, acked: Path) -> dict[str, Any]:
@@ -540,8 +529,7 @@ class BacklogSampler:
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
-        conn = await asyncpg.connect(self.url)
-        try:
+        async with connected(self.url) as conn:
             started = time.monotonic()
             while not self._stop.is_set():
                 row = await conn.fetchrow(BACKLOG)
@@ -553,8 +541,6 @@ class BacklogSampler:
                     }
                 )
                 await asyncio.sleep(1.0)
-        finally:
-            await conn.close()
 
     def __enter__(self) -> BacklogSampler:
         self._thread.start()
@@ -615,14 +601,11 @@ def run_latency(
 
 
 async def stored_ids(url: str, prefix: str) -> set[str]:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         rows = await conn.fetch(
             "SELECT message_id FROM inbox_messages WHERE message_id LIKE $1 || '%'", prefix
         )
         return {r["message_id"] for r in rows}
-    finally:
-        await conn.close()
 
 
 def render(drains: list[DrainRun], latencies: list[dict[str, Any]]) -> str:

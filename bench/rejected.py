@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, connected
 from bench.servers import Server
 from bench.systems import RESULTS_DIR, console_script
 
@@ -77,13 +76,10 @@ def result_of(process: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 async def rejected_rows(url: str) -> dict[str, int]:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         rows = await conn.fetch(
             "SELECT source, count(*) AS n FROM inbox_rejected_deliveries GROUP BY source"
         )
-    finally:
-        await conn.close()
     return {r["source"]: r["n"] for r in rows}
 
 

@@ -26,7 +26,7 @@ import psutil
 
 from bench.handlers import EFFECTS_DDL
 from bench.load import BODY_TEMPLATE
-from bench.pg import BenchPostgres
+from bench.pg import BenchPostgres, connected
 from bench.servers import Server, process_tree, tree_rss_bytes
 from bench.systems import RESULTS_DIR, console_script
 
@@ -162,15 +162,12 @@ async def admin_loop(
 
 
 async def processed_count(url: str) -> dict[str, int]:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         rows = await conn.fetch(
             "SELECT status, count(*) AS n FROM inbox_messages "
             "WHERE source = 'soak' AND message_id NOT LIKE 'old-%' GROUP BY status"
         )
         return {r["status"]: r["n"] for r in rows}
-    finally:
-        await conn.close()
 
 
 async def settle(url: str, timeout: float) -> bool:
@@ -185,8 +182,7 @@ async def settle(url: str, timeout: float) -> bool:
 
 
 async def final_checks(url: str, acked: set[str], two_xx: int) -> dict[str, Any]:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         stored = {
             r["message_id"]
             for r in await conn.fetch(
@@ -219,8 +215,6 @@ async def final_checks(url: str, acked: set[str], two_xx: int) -> dict[str, Any]
               (SELECT count(*) FROM inbox_messages WHERE message_id LIKE 'old-%') AS old_left
             """
         )
-    finally:
-        await conn.close()
     facts = dict(row)
     facts["acked_ids"] = len(acked)
     facts["acked_missing"] = len(acked - stored)
@@ -250,11 +244,8 @@ def cpu_percent(processes: list[psutil.Process]) -> float:
 async def soak(
     args: argparse.Namespace, url: str, env: dict[str, str], work: Path
 ) -> dict[str, Any]:
-    conn = await asyncpg.connect(url)
-    try:
+    async with connected(url) as conn:
         await conn.execute(EFFECTS_DDL)
-    finally:
-        await conn.close()
     command = [*console_script("webhook-inbox"), "serve", "--no-migrate"]
     seconds = args.minutes * 60
     with Server("service", command, env, work / "serve.log") as srv:

@@ -144,3 +144,12 @@ async def seed_attempt(
 
 async def status_of(db: asyncpg.Connection, message: int) -> str:
     return str(await db.fetchval("SELECT status FROM inbox_messages WHERE id = $1", message))
+
+
+def last_hour(stats: dict[str, Any]) -> tuple[int, int, int]:
+    """`GET /admin/stats`' worker attempts, worker failures and admin actions of the last hour."""
+    return (
+        stats["attempts_last_hour"],
+        stats["failures_last_hour"],
+        stats["admin_actions_last_hour"],
+    )

@@ -9,10 +9,8 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -20,8 +18,6 @@ import httpx
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from service.app import create_app
-from service.core.settings import Settings
 from service.sources.config_file import InboxConfig, parse_inbox_config
 from service.sources.github import github_signature
 from service.sources.shopify import shopify_signature
@@ -29,7 +25,6 @@ from service.sources.slack import slack_signature
 from service.sources.sns import SnsSource, string_to_sign
 from service.sources.standard_webhooks import decode_secret, sign
 from service.sources.stripe import stripe_signature_header
-from tests.conftest import running
 from tests.senders.sns import self_signed
 
 SECRET = "whsec_" + base64.b64encode(b"deliveries-of-every-kind-key-32b").decode()
@@ -232,6 +227,7 @@ BUILDERS: dict[str, Callable[[str, str], Delivery]] = {
     "cloudevents-structured": _cloudevents_structured,
     "dapr": _dapr,
 }
+KINDS = sorted(BUILDERS)
 
 
 def delivery(kind: str, msg_id: str, event_type: str) -> Delivery:
@@ -255,14 +251,6 @@ def stored_message_id(kind: str, msg_id: str) -> str:
     if kind.startswith("cloudevents") or kind == "dapr":
         return json.dumps(["/tests", msg_id], separators=(",", ":"))
     return msg_id
-
-
-@asynccontextmanager
-async def every_kind_client(database_url: str, data_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of an app serving `SOURCES` on the test's database."""
-    app = create_app(Settings(database_url=database_url, data_dir=data_dir), inbox())
-    async with running(app) as client:
-        yield client
 
 
 def refusal(kind: str, response: httpx.Response) -> str | None:

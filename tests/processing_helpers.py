@@ -10,6 +10,7 @@ import asyncpg
 import httpx
 
 from tests.handlers import EFFECTS_DDL
+from tests.http_server import ScriptedServer
 
 STATUS_OF = "SELECT status FROM inbox_messages WHERE message_id = $1"
 
@@ -49,6 +50,21 @@ def most_calls_while_down(down_for: float, failures: int, cooldown: float) -> in
     """The calls a breaker lets through in `down_for` seconds of outage: `failures` to open
     it, then a probe per cool-down."""
     return failures + int(down_for / cooldown) + 1
+
+
+async def endpoint_back(
+    endpoint: ScriptedServer,
+    started: float,
+    client: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    messages: int,
+) -> tuple[float, str]:
+    """An outage's end: `endpoint` answers 200 again. How long it was down (since `started`,
+    a monotonic time), and the app's metrics once its `messages` are all processed."""
+    endpoint.script.clear()
+    down_for = time.monotonic() - started
+    await wait_until(db, PROCESSED, messages)
+    return down_for, (await client.get("/metrics")).text
 
 
 def config(*handlers: str, **extra: Any) -> dict[str, Any]:

@@ -11,6 +11,19 @@ TOKEN = "send-test-token-0123456789"
 WHSEC = "whsec_c2VuZC10ZXN0LWtleS1tYXRlcmlhbC0wMTIzNDU2Nzg5"
 STRIPE_SECRET = "whsec_send_test_0123456789"
 
+# The sources of the kinds that need nothing but a secret: name, kind and secret.
+SIGNED = {
+    "standard": ("standard-webhooks", WHSEC),
+    "stripe": ("stripe", STRIPE_SECRET),
+    "github": ("github", SECRET),
+    "shopify": ("shopify", SECRET),
+    "slack": ("slack", SECRET),
+}
+SIGNED_TOML = "".join(
+    f'\n[sources.{name}]\nkind = "{kind}"\nsecrets = ["{secret}"]\n'
+    for name, (kind, secret) in SIGNED.items()
+)
+
 SOURCES_TOML = f"""
 [sources.generic-hmac]
 kind = "generic"
@@ -31,27 +44,7 @@ token = "{TOKEN}"
 [sources.generic-sha]
 kind = "generic"
 id_fallback = "body-sha256"
-
-[sources.standard]
-kind = "standard-webhooks"
-secrets = ["{WHSEC}"]
-
-[sources.stripe]
-kind = "stripe"
-secrets = ["{STRIPE_SECRET}"]
-
-[sources.github]
-kind = "github"
-secrets = ["{SECRET}"]
-
-[sources.shopify]
-kind = "shopify"
-secrets = ["{SECRET}"]
-
-[sources.slack]
-kind = "slack"
-secrets = ["{SECRET}"]
-
+{SIGNED_TOML}
 [sources.pubsub]
 kind = "pubsub"
 token = "{TOKEN}"

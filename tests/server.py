@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -118,6 +119,25 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()
+
+
+async def timed_deliveries(
+    server: ServerProcess, count: int, prefix: str, every: float = 0.0
+) -> list[float]:
+    """Post `count` new deliveries of `{}` to the source `s` (ids `<prefix>0`, `<prefix>1`…
+    in `x-id`), one after the other, `every` seconds apart; each must be accepted. Their
+    latencies, in seconds, in the order sent."""
+    latencies = []
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        for i in range(count):
+            began = time.perf_counter()
+            headers = {"x-id": f"{prefix}{i}"}
+            reply = await client.post("/webhooks/s", content=b"{}", headers=headers)
+            latencies.append(time.perf_counter() - began)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["status"] == "accepted", reply.text
+            await asyncio.sleep(every)
+    return latencies
 
 
 def handler_source(handler: str, name: str = "s", id_header: str = "x-id", **extra: Any) -> str:

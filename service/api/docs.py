@@ -26,25 +26,35 @@ def install(app: FastAPI) -> None:
     and `redoc_url=None`, so that FastAPI's CDN pages are not registered too."""
     app.mount(ASSETS_PATH, StaticFiles(directory=ASSETS_DIR), name="docs-assets")
 
-    @app.get("/docs", include_in_schema=False)
-    async def swagger_ui(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
-        return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}",
-            title=f"{app.title} - Swagger UI",
-            swagger_js_url=f"{root}{ASSETS_PATH}/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}{ASSETS_PATH}/swagger-ui.css",
-            swagger_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
-            swagger_ui_parameters=SWAGGER_PARAMETERS,
-        )
+    app.add_api_route("/docs", swagger_ui, include_in_schema=False)
+    app.add_api_route("/redoc", redoc, include_in_schema=False)
 
-    @app.get("/redoc", include_in_schema=False)
-    async def redoc(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
-        return get_redoc_html(
-            openapi_url=f"{root}{app.openapi_url}",
-            title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{root}{ASSETS_PATH}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
-            with_google_fonts=False,
-        )
+
+async def swagger_ui(request: Request) -> HTMLResponse:
+    openapi_url, assets = served_urls(request)
+    return get_swagger_ui_html(
+        openapi_url=openapi_url,
+        title=f"{request.app.title} - Swagger UI",
+        swagger_ui_parameters=SWAGGER_PARAMETERS,
+        swagger_js_url=f"{assets}/swagger-ui-bundle.js",
+        swagger_css_url=f"{assets}/swagger-ui.css",
+        swagger_favicon_url=f"{assets}/favicon.png",
+    )
+
+
+async def redoc(request: Request) -> HTMLResponse:
+    openapi_url, assets = served_urls(request)
+    return get_redoc_html(
+        openapi_url=openapi_url,
+        title=f"{request.app.title} - ReDoc",
+        redoc_js_url=f"{assets}/redoc.standalone.js",
+        redoc_favicon_url=f"{assets}/favicon.png",
+        with_google_fonts=False,
+    )
+
+
+def served_urls(request: Request) -> tuple[str, str]:
+    """The app's OpenAPI document and the folder of the pages' assets, as the browser reaches
+    them: under the root path a proxy serves the app at."""
+    root = request.scope.get("root_path", "")
+    return f"{root}{request.app.openapi_url}", f"{root}{ASSETS_PATH}"

@@ -57,10 +57,7 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
         oldest_pending_age_seconds=max(ages) if ages else 0.0,
         backlog_age_seconds=backlog,
         dead_letters=dead,
-        backlog=rates.backlog,
-        drain_rate_per_second=rates.drained_per_second,
-        arrival_rate_per_second=rates.received_per_second,
-        catch_up_seconds=rates.seconds_left,
+        **rates.published(),
     )
 
 

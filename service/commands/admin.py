@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.api.admin.destinations import collect_destination_stats, configured_of
+from service.api.admin.destinations import collect_destination_stats, configured_of, replay_filter
 from service.api.admin.messages import detail_from_row, to_filter
 from service.api.admin.models import (
     BulkRetryRequest,
@@ -243,15 +243,7 @@ async def show_stats(args: argparse.Namespace) -> Exit:
 
 
 async def bulk_retry(args: argparse.Namespace) -> Exit:
-    request = validated(
-        BulkRetryRequest,
-        {
-            **filter_values(args),
-            "status": args.status,
-            "force": args.force,
-            "dry_run": args.dry_run,
-        },
-    )
+    request = bulk_request(BulkRetryRequest, args, **filter_values(args), force=args.force)
     settings = operator_settings()
     async with operator_engine(settings) as engine:
         result = await store.bulk_retry(
@@ -261,51 +253,52 @@ async def bulk_retry(args: argparse.Namespace) -> Exit:
             force=request.force,
             dry_run=request.dry_run,
         )
-    if args.json:
-        print_json(BulkRetryResult(matched=result.matched, retried=result.retried))
-    elif request.dry_run:
-        print(f"{result.matched} messages match; run again without --dry-run to retry them")
-    else:
-        print(f"{result.matched} messages matched, {result.retried} retried")
+    print_bulk(args, result, again="retry them", done="retried")
     return Exit.OK
 
 
+def bulk_request(model: type[BaseModel], args: argparse.Namespace, **values: Any) -> Any:
+    """The admin API's request of a bulk action: `values`, with the command's `--status` and
+    `--dry-run`, checked by `model`."""
+    return validated(model, {**values, "status": args.status, "dry_run": args.dry_run})
+
+
+def print_bulk(
+    args: argparse.Namespace, result: store.BulkRetryResult, *, again: str, done: str
+) -> None:
+    """A bulk action's answer: the admin API's document, or how many messages matched and
+    (after a dry run) what running `again` would do, or how many were `done`."""
+    if args.json:
+        print_json(BulkRetryResult(matched=result.matched, retried=result.retried))
+    elif args.dry_run:
+        print(f"{result.matched} messages match; run again without --dry-run to {again}")
+    else:
+        print(f"{result.matched} messages matched, {result.retried} {done}")
+
+
 async def replay_to_destination(args: argparse.Namespace) -> Exit:
-    request = validated(
+    request = bulk_request(
         DestinationReplayRequest,
-        {
-            "status": args.status,
-            "event_type": args.event_type,
-            "received_after": args.received_after,
-            "received_before": args.received_before,
-            "dry_run": args.dry_run,
-        },
+        args,
+        event_type=args.event_type,
+        received_after=args.received_after,
+        received_before=args.received_before,
     )
     settings = operator_settings()
     if args.destination not in configured_of(load_sources(settings)).get(args.source, []):
         raise CommandError(
             f"source {args.source} has no destination {args.destination}", Exit.FAILED
         )
-    filters = MessageFilter(
-        source=args.source,
-        statuses=tuple(request.status),
-        event_type=request.event_type,
-        received_after=request.received_after,
-        received_before=request.received_before,
-    )
     async with operator_engine(settings) as engine:
         result = await destinations.replay_to_destination(
-            engine, filters, args.destination, actor(), dry_run=request.dry_run
+            engine,
+            replay_filter(args.source, request),
+            args.destination,
+            actor(),
+            dry_run=request.dry_run,
         )
-    if args.json:
-        print_json(BulkRetryResult(matched=result.matched, retried=result.retried))
-    elif request.dry_run:
-        print(
-            f"{result.matched} messages match; run again without --dry-run to replay them "
-            f"to {args.destination}"
-        )
-    else:
-        print(f"{result.matched} messages matched, {result.retried} replayed to {args.destination}")
+    to = f"to {args.destination}"
+    print_bulk(args, result, again=f"replay them {to}", done=f"replayed {to}")
     return Exit.OK
 
 

@@ -463,25 +463,19 @@ DESTINATIONS_FOLLOW_MESSAGES = (
 metadata = InboxTable.metadata
 
 
-@event.listens_for(metadata.tables["inbox_attempts"], "after_create")
-def _attempts_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
-    for statement in ATTEMPTS_FOLLOW_MESSAGES:
+# The triggers by which each table's rows go with their message, created with the table.
+FOLLOW_MESSAGES = {
+    "inbox_attempts": ATTEMPTS_FOLLOW_MESSAGES,
+    "inbox_claims": CLAIMS_FOLLOW_MESSAGES,
+    "inbox_receipts": RECEIPTS_FOLLOW_MESSAGES,
+    "inbox_destinations": DESTINATIONS_FOLLOW_MESSAGES,
+}
+
+
+def _follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
+    for statement in FOLLOW_MESSAGES[target.name]:
         connection.exec_driver_sql(statement)
 
 
-@event.listens_for(metadata.tables["inbox_claims"], "after_create")
-def _claims_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
-    for statement in CLAIMS_FOLLOW_MESSAGES:
-        connection.exec_driver_sql(statement)
-
-
-@event.listens_for(metadata.tables["inbox_receipts"], "after_create")
-def _receipts_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
-    for statement in RECEIPTS_FOLLOW_MESSAGES:
-        connection.exec_driver_sql(statement)
-
-
-@event.listens_for(metadata.tables["inbox_destinations"], "after_create")
-def _destinations_follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
-    for statement in DESTINATIONS_FOLLOW_MESSAGES:
-        connection.exec_driver_sql(statement)
+for _name in FOLLOW_MESSAGES:
+    event.listen(metadata.tables[_name], "after_create", _follow_messages)

@@ -21,15 +21,7 @@ from service.processing.forward import forward_message
 from service.processing.gates import Deferral, DestinationGates
 from service.processing.handler_api import HandlerSession, InboxMessage
 from service.processing.pipeline import Pipeline, Run
-from service.processing.policy import classify_failure
-from service.processing.runner import (
-    BatchDeadline,
-    apply_handlers,
-    end_handlers,
-    inbox_message,
-    log_failure,
-    undo_handlers,
-)
+from service.processing.runner import BatchDeadline, attempt_handlers, inbox_message
 from service.store.attempts import last_error_line
 from service.store.results import (
     DEFERRED,
@@ -183,7 +175,6 @@ async def run_destinations(
                 row,
                 run,
                 message,
-                limit,
                 isolated=isolated,
                 deadline=deadline,
                 defer_flush=defer_flush,
@@ -282,7 +273,6 @@ async def run_destination(
     row: MessageRow,
     run: Run,
     message: InboxMessage,
-    limit: float,
     *,
     isolated: bool,
     deadline: BatchDeadline | None,
@@ -291,26 +281,21 @@ async def run_destination(
     """One handler destination's part of the attempt, in its savepoint when `isolated`."""
     name = run.destination.name
     begun = datetime.now(UTC)
-    if isolated:
-        await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
-    try:
-        await apply_handlers(
-            session,
-            savepoints,
-            run.handlers,
-            message,
-            limit,
-            isolated=isolated,
-            deadline=deadline,
-            defer_flush=defer_flush,
-        )
-        if isolated:
-            savepoints.release()
-    except Exception as exc:
-        await undo_handlers(session, savepoints, isolated=isolated)
-        own = destination_attempts(row, name)
-        failure = classify_failure(exc, own.next, pipeline.config, budget_start=own.budget_start)
-        log_failure(row, message.attempt, failure, destination=name)
+    failed = await attempt_handlers(
+        session,
+        savepoints,
+        pipeline,
+        row,
+        run.handlers,
+        message,
+        isolated=isolated,
+        deadline=deadline,
+        defer_flush=defer_flush,
+        destination=name,
+        budget=destination_attempts(row, name),
+    )
+    if failed is not None:
+        failure, exc = failed
         return DestinationResult(
             name,
             failure.status,
@@ -322,6 +307,4 @@ async def run_destination(
             failure.traceback,
             failure.delay_seconds,
         ), exc
-    finally:
-        end_handlers(session, deadline)
     return DestinationResult(name, Status.PROCESSED, "processed", begun, datetime.now(UTC)), None

@@ -24,7 +24,7 @@ from service.processing.handler_api import (
 )
 from service.processing.pipeline import Pipeline
 from service.processing.policy import Failure, classify_failure, failed_attempt
-from service.store.results import AttemptResult, MessageRow
+from service.store.results import AttemptResult, DestinationAttempts, MessageRow
 from service.store.savepoints import MessageSavepoints, message_savepoints
 
 log = logging.getLogger("service.processing")
@@ -305,6 +305,56 @@ def log_failure(
     log.warning("handler failed", extra=extra)
 
 
+async def attempt_handlers(
+    session: HandlerSession,
+    savepoints: MessageSavepoints,
+    pipeline: Pipeline,
+    row: MessageRow,
+    handlers: Sequence[Handler],
+    message: InboxMessage,
+    *,
+    isolated: bool,
+    deadline: BatchDeadline | None,
+    defer_flush: bool,
+    destination: str | None = None,
+    budget: DestinationAttempts | None = None,
+) -> tuple[Failure, Exception] | None:
+    """One try of `handlers` on `message` (the whole message's, or `destination`'s) within the
+    source's handler timeout, in a savepoint of its own when `isolated` (otherwise the caller
+    has bounded the transaction's statements): kept, answering None, or undone, answering the
+    failure, classified and logged, with what raised it. A failure is classified on the
+    message's attempts, or on `budget`, a named destination's own."""
+    limit = pipeline.config.handler_timeout_seconds
+    if isolated:
+        await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
+    try:
+        await apply_handlers(
+            session,
+            savepoints,
+            handlers,
+            message,
+            limit,
+            isolated=isolated,
+            deadline=deadline,
+            defer_flush=defer_flush,
+        )
+        if isolated:
+            savepoints.release()  # kept by the batch's COMMIT
+    except Exception as exc:
+        await undo_handlers(session, savepoints, isolated=isolated)
+        attempt, start = (
+            (message.attempt, row.budget_start)
+            if budget is None
+            else (budget.next, budget.budget_start)
+        )
+        failure = classify_failure(exc, attempt, pipeline.config, budget_start=start)
+        log_failure(row, message.attempt, failure, destination)
+        return failure, exc
+    finally:
+        end_handlers(session, deadline)
+    return None
+
+
 async def run_handlers(
     session: HandlerSession,
     savepoints: MessageSavepoints,
@@ -345,32 +395,22 @@ async def run_handlers(
             started,
             error=no_handler_note(row.event_type, by_payload=pipeline.reads_payload),
         ), None
-    message = inbox_message(row, attempt)
-    limit = pipeline.config.handler_timeout_seconds
-    if isolated:
-        await savepoints.begin(statement_timeout_ms=math.ceil(limit * 1000))
-    else:
-        await savepoints.limit_statements(math.ceil(limit * 1000))
-    try:
-        await apply_handlers(
-            session,
-            savepoints,
-            handlers,
-            message,
-            limit,
-            isolated=isolated,
-            deadline=deadline,
-            defer_flush=defer_flush,
-        )
-        if isolated:
-            savepoints.release()  # kept by the batch's COMMIT
-    except Exception as exc:
-        await undo_handlers(session, savepoints, isolated=isolated)
-        failure = classify_failure(exc, attempt, pipeline.config, budget_start=row.budget_start)
-        log_failure(row, attempt, failure)
+    if not isolated:
+        await savepoints.limit_statements(math.ceil(pipeline.config.handler_timeout_seconds * 1000))
+    failed = await attempt_handlers(
+        session,
+        savepoints,
+        pipeline,
+        row,
+        handlers,
+        inbox_message(row, attempt),
+        isolated=isolated,
+        deadline=deadline,
+        defer_flush=defer_flush,
+    )
+    if failed is not None:
+        failure, exc = failed
         return failed_attempt(row.id, attempt, failure, started, datetime.now(UTC)), exc
-    finally:
-        end_handlers(session, deadline)
     return AttemptResult(
         row.id, attempt, Status.PROCESSED, "processed", started, datetime.now(UTC)
     ), None

@@ -327,6 +327,14 @@ class Source(ABC, Generic[ConfigT]):
         """A ready-to-paste signed delivery for the start-up banner, where the kind can make one."""
         return None
 
+    def curl_json(self, base_url: str, headers: Mapping[str, str], body: str) -> str:
+        """The `example_curl` that posts the JSON `body` to this source with `headers`."""
+        sent = "".join(f"-H '{name}: {value}' " for name, value in headers.items())
+        return (
+            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
+            f"-H 'content-type: application/json' {sent}--data '{body}'"
+        )
+
 
 def constant_time_equal(a: str | bytes, b: str | bytes) -> bool:
     """Compare credentials without leaking where they differ."""

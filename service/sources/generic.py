@@ -147,18 +147,14 @@ class GenericSource(BodyHmacSource[GenericConfig]):
         config = self.config
         body = {"id": "evt_demo_1", "type": "demo.created", "data": {"hello": "world"}}
         raw = json.dumps(body).encode()
-        headers = ["-H 'content-type: application/json'"]
+        headers: dict[str, str] = {}
         if config.id_header:
-            headers.append(f"-H '{config.id_header}: evt_demo_1'")
+            headers[config.id_header] = "evt_demo_1"
         if config.event_type_header:
-            headers.append(f"-H '{config.event_type_header}: demo.created'")
+            headers[config.event_type_header] = "demo.created"
         if config.hmac is not None:
             sig = body_signature(config.secret_values()[0], raw, config.hmac)
-            headers.append(f"-H '{config.hmac.header}: {config.hmac.prefix}{sig}'")
+            headers[config.hmac.header] = f"{config.hmac.prefix}{sig}"
         if config.basic_auth is not None or config.token is not None:
             return None  # would print a credential on the console
-        return (
-            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            + " ".join(headers)
-            + f" --data '{raw.decode()}'"
-        )
+        return self.curl_json(base_url, headers, raw.decode())

@@ -87,12 +87,12 @@ class GitHubSource(SignedSource):
     def example_curl(self, base_url: str) -> str | None:
         body = json.dumps({"zen": "Design for failure.", "hook_id": 1})
         signature = github_signature(self.config.secret_values()[0], body.encode())
-        return (
-            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            "-H 'content-type: application/json' "
-            f"-H '{EVENT_HEADER.name}: ping' -H '{DELIVERY_HEADER.name}: 00000000-demo' "
-            f"-H '{SIGNATURE_HEADER.name}: {signature}' --data '{body}'"
-        )
+        headers = {
+            EVENT_HEADER.name: "ping",
+            DELIVERY_HEADER.name: "00000000-demo",
+            SIGNATURE_HEADER.name: signature,
+        }
+        return self.curl_json(base_url, headers, body)
 
 
 def _action(payload: Any) -> str | None:

@@ -15,7 +15,7 @@ from service.sources.base import (
     first_header,
 )
 from service.sources.limits import checked_event_type, checked_message_id
-from service.sources.signing import SignedSource, hmac_sha256, require_match
+from service.sources.signing import SignedSource, hmac_sha256, require_mac_match
 
 SIGNATURE_HEADER = HeaderName("X-Shopify-Hmac-Sha256")
 ID_HEADER = HeaderName("X-Shopify-Webhook-Id")
@@ -41,8 +41,9 @@ class ShopifySource(SignedSource):
             offered = base64.b64decode(header.strip(), validate=True)
         except (binascii.Error, ValueError):
             raise Unauthenticated(f"{SIGNATURE_HEADER.name} is not base64") from None
-        require_match(
-            (mac.digest(delivery.body) for mac in self.macs),
+        require_mac_match(
+            self.macs,
+            delivery.body,
             [offered],
             f"{SIGNATURE_HEADER.name} does not match a configured secret",
         )
@@ -56,9 +57,9 @@ class ShopifySource(SignedSource):
     def example_curl(self, base_url: str) -> str | None:
         body = json.dumps({"id": 820982911946154508, "email": "jon@example.com"})
         signature = shopify_signature(self.config.secret_values()[0], body.encode())
-        return (
-            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            "-H 'content-type: application/json' "
-            f"-H '{TOPIC_HEADER.name}: orders/create' -H '{ID_HEADER.name}: demo-webhook-1' "
-            f"-H '{SIGNATURE_HEADER.name}: {signature}' --data '{body}'"
-        )
+        headers = {
+            TOPIC_HEADER.name: "orders/create",
+            ID_HEADER.name: "demo-webhook-1",
+            SIGNATURE_HEADER.name: signature,
+        }
+        return self.curl_json(base_url, headers, body)

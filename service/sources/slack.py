@@ -95,9 +95,5 @@ class SlackSource(SignedSource):
         )
         ts = str(int(now()))
         signature = slack_signature(self.config.secret_values()[0], ts, body.encode())
-        return (
-            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            "-H 'content-type: application/json' "
-            f"-H '{TIMESTAMP_HEADER.name}: {ts}' -H '{SIGNATURE_HEADER.name}: {signature}' "
-            f"--data '{body}'"
-        )
+        headers = {TIMESTAMP_HEADER.name: ts, SIGNATURE_HEADER.name: signature}
+        return self.curl_json(base_url, headers, body)

@@ -237,10 +237,9 @@ class StandardWebhooksSource(Source[StandardWebhooksConfig]):
         body = json.dumps({"type": "demo.created", "data": {"hello": "world"}}).encode()
         msg_id, at = "msg_demo_1", int(signing.now())
         signature = sign(self.keys[0], msg_id, at, body)
-        return (
-            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            "-H 'content-type: application/json' "
-            f"-H 'webhook-id: {msg_id}' -H 'webhook-timestamp: {at}' "
-            f"-H 'webhook-signature: {signature}' "
-            f"--data '{body.decode()}'"
-        )
+        headers = {
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(at),
+            "webhook-signature": signature,
+        }
+        return self.curl_json(base_url, headers, body.decode())

@@ -88,7 +88,4 @@ class StripeSource(SignedSource):
     def example_curl(self, base_url: str) -> str | None:
         body = json.dumps({"id": "evt_demo_1", "object": "event", "type": "demo.created"})
         header = stripe_signature_header(self.config.secret_values()[0], int(now()), body.encode())
-        return (
-            f"curl -sS -X POST {base_url}/webhooks/{self.name} "
-            f"-H 'content-type: application/json' -H '{HEADER.name}: {header}' --data '{body}'"
-        )
+        return self.curl_json(base_url, {HEADER.name: header}, body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Row, TextClause, text
 from sqlalchemy.exc import DBAPIError
@@ -447,6 +447,55 @@ async def in_batches(
             return
 
 
+async def move_matching_to_pending(
+    engine: AsyncEngine,
+    where: str,
+    params: dict[str, Any],
+    *,
+    picked: str,
+    then: str,
+    answer: str,
+    dry_run: bool,
+    batch_size: int,
+) -> tuple[int, list[Row[Any]]]:
+    """Move every message `where` matches back to pending with a fresh attempt budget, one
+    short committed transaction per batch of ids (`in_batches`): how many matched, and each
+    batch's answer (`last`, `n`, `sources`, then `answer`'s columns); `dry_run` only counts.
+
+    A batch's `picked` CTE has each message's `id`, `source`, `old_attempts` and the columns
+    `picked` adds; `then` is the batch's further CTEs, comma-separated as after WITH: what the
+    action does besides moving the message."""
+    async with translate_errors():
+        matched, last_id = await count_matching(engine, where, params)
+        if dry_run or last_id is None:
+            return matched, []
+        batch_sql = text(
+            f"""
+            WITH picked AS (
+                SELECT id, source, attempts AS old_attempts{picked}
+                  FROM inbox_messages
+                 WHERE {where} AND id > :after AND id <= :last_id
+                 ORDER BY id
+                 LIMIT :batch
+                 -- A row a worker holds is skipped rather than waited for; it is not failed.
+                   FOR UPDATE SKIP LOCKED
+            ),
+            moved AS (
+                UPDATE inbox_messages m
+                   SET status = 'pending', budget_start = m.attempts, next_attempt_at = now(),
+                       locked_until = NULL, processed_at = NULL
+                  FROM picked
+                 WHERE m.id = picked.id
+            ),
+            {then}
+            SELECT max(id) AS last, count(*) AS n, array_agg(DISTINCT source) AS sources{answer}
+              FROM picked
+            """  # noqa: S608 - fixed clauses, bound values
+        )
+        batches = [b async for b in in_batches(engine, batch_sql, params, last_id, batch_size)]
+    return matched, batches
+
+
 async def bulk_retry(
     engine: AsyncEngine,
     filters: MessageFilter,
@@ -465,30 +514,12 @@ async def bulk_retry(
     # a batch in flight shows as `processing` (SHOWN_STATUS) and is left alone, as
     # `retry_message` refuses it.
     clauses, params = replace(filters, statuses=tuple(statuses)).where()
-    where = where_sql(clauses)
-    async with translate_errors():
-        result.matched, last_id = await count_matching(engine, where, params)
-        if dry_run or last_id is None:
-            return result
-        batch_sql = text(
-            f"""
-            WITH picked AS (
-                SELECT id, status AS old_status, attempts AS old_attempts, source
-                  FROM inbox_messages
-                 WHERE {where} AND id > :after AND id <= :last_id
-                 ORDER BY id
-                 LIMIT :batch
-                 -- A row a worker holds is skipped rather than waited for; it is not failed.
-                   FOR UPDATE SKIP LOCKED
-            ),
-            moved AS (
-                UPDATE inbox_messages m
-                   SET status = 'pending', budget_start = m.attempts, next_attempt_at = now(),
-                       locked_until = NULL, processed_at = NULL
-                  FROM picked
-                 WHERE m.id = picked.id
-                RETURNING m.id
-            ),
+    result.matched, batches = await move_matching_to_pending(
+        engine,
+        where_sql(clauses),
+        {**params, "actor": actor},
+        picked=", status AS old_status",
+        then=f"""
             -- Named destinations: the unfinished ones run again, every one for a replay.
             paired AS (
                 UPDATE inbox_destinations d
@@ -506,21 +537,17 @@ async def bulk_retry(
                             ELSE '{ADMIN_RETRY}' END,
                        :actor
                   FROM picked
-            )
-            SELECT max(picked.id) AS last, count(*) AS n,
-                   count(*) FILTER (WHERE old_status = 'processed') AS replays,
-                   array_agg(DISTINCT source) AS sources
-              FROM picked
-            """  # noqa: S608 - fixed clauses, bound values
+            )""",  # noqa: S608 - fixed values
+        answer=", count(*) FILTER (WHERE old_status = 'processed') AS replays",
+        dry_run=dry_run,
+        batch_size=batch_size,
+    )
+    for batch in batches:
+        result.retried += int(batch.n)
+        result.by_action[ADMIN_REPLAY] = result.by_action.get(ADMIN_REPLAY, 0) + batch.replays
+        result.by_action[ADMIN_RETRY] = (
+            result.by_action.get(ADMIN_RETRY, 0) + int(batch.n) - batch.replays
         )
-        async for batch in in_batches(
-            engine, batch_sql, {**params, "actor": actor}, last_id, batch_size
-        ):
-            result.retried += int(batch.n)
-            result.by_action[ADMIN_REPLAY] = result.by_action.get(ADMIN_REPLAY, 0) + batch.replays
-            result.by_action[ADMIN_RETRY] = (
-                result.by_action.get(ADMIN_RETRY, 0) + int(batch.n) - batch.replays
-            )
     return result
 
 
@@ -559,6 +586,15 @@ RECENT_RATES = text(
 )
 
 
+class CatchUpFields(TypedDict):
+    """A catch-up as `/admin/stats` and `/metrics` publish it, under their field names."""
+
+    backlog: int
+    drain_rate_per_second: float
+    arrival_rate_per_second: float
+    catch_up_seconds: float | None
+
+
 @dataclass(frozen=True)
 class CatchUp:
     """How fast the backlog (pending, retrying, processing) is being worked off."""
@@ -575,6 +611,14 @@ class CatchUp:
             return 0.0
         shrinking = self.drained_per_second - self.received_per_second
         return self.backlog / shrinking if shrinking > 0 else None
+
+    def published(self) -> CatchUpFields:
+        return CatchUpFields(
+            backlog=self.backlog,
+            drain_rate_per_second=self.drained_per_second,
+            arrival_rate_per_second=self.received_per_second,
+            catch_up_seconds=self.seconds_left,
+        )
 
 
 async def catch_up(engine: AsyncEngine, backlog: int) -> CatchUp:

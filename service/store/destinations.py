@@ -28,9 +28,8 @@ from service.store.admin import (
     BulkRetryResult,
     InvalidTransition,
     MessageFilter,
-    count_matching,
-    in_batches,
     lock_message,
+    move_matching_to_pending,
     where_sql,
 )
 from service.store.errors import translate_errors
@@ -199,46 +198,31 @@ async def replay_to_destination(
     left as they are. One short transaction per batch of ids; `dry_run` only counts."""
     statuses = [s.value for s in Status if s != Status.PROCESSING]
     clauses, params = replace(filters, statuses=tuple(filters.statuses or statuses)).where()
-    where = where_sql(clauses)
     result = BulkRetryResult()
-    async with translate_errors():
-        result.matched, last_id = await count_matching(engine, where, params)
-        if dry_run or last_id is None:
-            return result
-        batch_sql = text(
-            f"""
-            WITH picked AS (
-                SELECT id, attempts AS old_attempts, source
-                  FROM inbox_messages
-                 WHERE {where} AND id > :after AND id <= :last_id
-                 ORDER BY id
-                 LIMIT :batch
-                   FOR UPDATE SKIP LOCKED
-            ), paired AS (
+    result.matched, batches = await move_matching_to_pending(
+        engine,
+        where_sql(clauses),
+        {**params, "actor": actor, "destination": destination},
+        picked="",
+        then=f"""
+            paired AS (
                 INSERT INTO inbox_destinations AS d (message_id, destination, source, status)
                 SELECT id, :destination, source, 'pending' FROM picked
                     ON CONFLICT (message_id, destination) DO UPDATE
                    SET status = 'pending', budget_start = d.attempts, updated_at = now(),
                        processed_at = NULL
-            ), moved AS (
-                UPDATE inbox_messages m
-                   SET status = 'pending', budget_start = m.attempts, next_attempt_at = now(),
-                       locked_until = NULL, processed_at = NULL
-                  FROM picked
-                 WHERE m.id = picked.id
-            ), recorded AS (
+            ),
+            recorded AS (
                 INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at,
                                             outcome, actor, destination)
                 SELECT id, old_attempts, now(), now(), '{ADMIN_REPLAY}', :actor, :destination
                   FROM picked
-            )
-            SELECT max(id) AS last, count(*) AS n, array_agg(DISTINCT source) AS sources
-              FROM picked
-            """  # noqa: S608 - fixed clauses, bound values
-        )
-        params = {**params, "actor": actor, "destination": destination}
-        async for batch in in_batches(engine, batch_sql, params, last_id, batch_size):
-            result.retried += int(batch.n)
+            )""",  # noqa: S608 - fixed values
+        answer="",
+        dry_run=dry_run,
+        batch_size=batch_size,
+    )
+    result.retried = sum(int(batch.n) for batch in batches)
     result.by_action[ADMIN_REPLAY] = result.retried
     return result
 

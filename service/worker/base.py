@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -32,15 +32,8 @@ class WorkerOptions:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerOptions:
-        return cls(
-            concurrency=settings.worker_concurrency,
-            batch_size=settings.worker_batch_size,
-            poll_seconds=settings.worker_poll_seconds,
-            grace_seconds=settings.worker_grace_seconds,
-            lease_margin_seconds=settings.worker_lease_margin_seconds,
-            linger_seconds=settings.worker_linger_seconds,
-            ingest_concurrency=settings.worker_ingest_concurrency,
-        )
+        """Each option from its setting, `worker_<option>` (INBOX_WORKER_<OPTION>)."""
+        return cls(**{f.name: getattr(settings, f"worker_{f.name}") for f in fields(cls)})
 
     @property
     def loops_while_ingesting(self) -> int:

@@ -12,19 +12,14 @@ import asyncpg
 import pytest
 
 from tests.processing_helpers import create_effects, wait_until
+from tests.server import handler_source
 from tests.worker_process import start_worker, stop, wait_listening
 
 pytestmark = pytest.mark.slow
 
 BACKLOG = 20_000
 
-TOML = """
-[sources.hooks]
-kind = "generic"
-id_header = "X-Message-Id"
-handlers = ["tests.handlers:record"]
-max_attempts = 5
-"""
+TOML = handler_source("record", name="hooks", id_header="X-Message-Id", max_attempts=5)
 
 SETTINGS = {"INBOX_WORKER_LEASE_MARGIN_SECONDS": "1"}
 

@@ -21,6 +21,7 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from service.api.security import token_fingerprint
+from service.sources.github import github_signature
 from tests.admin_seed import TOKEN, seed
 from tests.console_handlers import DOWN_FLAG_ENV
 from tests.pg import asyncpg_dsn, empty_tables
@@ -78,6 +79,10 @@ rate_limit = "30/m"
 [sources.shop.destinations.audit]
 event_types = ["refund.*"]
 handlers = ["tests.handlers:record_billing"]
+
+[sources.signed]
+kind = "github"
+secrets = ["console-test-github-secret"]
 """
 
 
@@ -472,6 +477,42 @@ async def test_after_signing_out_the_console_refuses(console: Console, page: Pag
     await expect(page).to_have_url(console.url + "/console/sign-in?next=%2Fconsole%2Fmessages")
     live = await page.request.get(console.url + "/console/overview/live")
     assert live.status == 401
+
+
+async def test_a_badly_signed_delivery_is_listed_with_its_reason_on_the_rejected_page(
+    console: Console, page: Page
+) -> None:
+    body = b'{"zen": "rejected-body-marker"}'
+    async with httpx.AsyncClient(base_url=console.url) as client:
+        refused = await client.post(
+            "/webhooks/signed",
+            content=body,
+            headers={
+                "content-type": "application/json",
+                "x-github-event": "ping",
+                "x-github-delivery": "delivery-signed-by-someone-else",
+                "x-hub-signature-256": github_signature(b"someone-elses-secret", body),
+            },
+        )
+    assert refused.status_code == 401
+    # Refusals are written in the background (every half second): open the page once it is.
+    rows = "SELECT count(*) FROM inbox_rejected_deliveries WHERE source = 'signed'"
+    await wait_until(console.db, rows, 1)
+    await sign_in(page, console)
+    await page.get_by_role("link", name="Rejected").click()
+    await page.get_by_label("Source").select_option("signed")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page).to_have_url(console.url + "/console/rejected?source=signed")
+    row = page.locator("table.rejected tbody tr")
+    await expect(row).to_have_count(1)
+    await expect(row).to_contain_text("401")
+    await expect(row).to_contain_text("unauthenticated")
+    await expect(row).to_contain_text("X-Hub-Signature-256 does not match a configured secret")
+    await row.get_by_text("headers").click()  # unfolds them
+    headers = row.locator("dl.headers")
+    await expect(headers).to_contain_text("delivery-signed-by-someone-else")
+    await expect(headers).to_contain_text("[redacted]")  # the signature
+    await expect(page.locator("main")).not_to_contain_text("rejected-body-marker")  # no body
 
 
 HOSTILE = '<script>alert("body")</script>"><img src=x onerror=alert(1)>'

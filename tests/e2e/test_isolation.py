@@ -21,7 +21,7 @@ import pytest
 from service.core.db import EmbeddedPostgres, asyncpg_dsn
 from service.serve import child_title
 from tests.processing_helpers import create_effects, wait_until
-from tests.server import JSON_LOGS, ServerProcess, handler_source, serve_env
+from tests.server import JSON_LOGS, ServerProcess, handler_source, serve_env, timed_deliveries
 from tests.worker_process import wait_listening
 
 pytestmark = pytest.mark.slow
@@ -196,14 +196,7 @@ async def test_a_handler_blocking_its_event_loop_does_not_slow_ingest(
         assert blocked[0]["message_id"] == "blocker"
         assert blocked[0]["role"] == "processing"
         # Meanwhile, a light load on ingest: 100 deliveries, 20 a second.
-        latencies = []
-        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
-            for i in range(100):
-                began = time.perf_counter()
-                reply = await client.post("/webhooks/s", content=b"{}", headers={"x-id": f"l-{i}"})
-                latencies.append(time.perf_counter() - began)
-                assert reply.status_code == 200
-                await asyncio.sleep(0.05)
+        latencies = await timed_deliveries(server, 100, "l-", every=0.05)
         # Still in flight: claimed (its attempt counted), not finished.
         blocker = await db.fetchrow(
             "SELECT m.status, c.attempt FROM inbox_messages AS m "

@@ -6,6 +6,7 @@ import asyncpg
 import pytest
 
 from tests import handlers
+from tests.admin_seed import last_hour
 from tests.conftest import AppFactory
 from tests.processing_helpers import (
     config,
@@ -44,9 +45,7 @@ async def test_a_dead_letter_retried_after_its_cause_is_fixed_ends_processed(
     outcomes = [a["outcome"] for a in detail["attempts"]]
     assert outcomes == ["failed", "dead", "admin_retry", "processed"]
     # The worker's three attempts (two failures) and the one admin action, told apart.
-    assert stats["attempts_last_hour"] == 3
-    assert stats["failures_last_hour"] == 2
-    assert stats["admin_actions_last_hour"] == 1
+    assert last_hour(stats) == (3, 2, 1)
 
 
 async def test_attempt_numbers_go_on_across_admin_retries_while_the_budget_resets(

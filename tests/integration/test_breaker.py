@@ -14,9 +14,9 @@ from tests.admin_seed import AUTH, TOKEN
 from tests.conftest import AppFactory
 from tests.http_server import scripted_server
 from tests.processing_helpers import (
-    PROCESSED,
     breaker_forward,
     delivery,
+    endpoint_back,
     most_calls_while_down,
     source,
     wait_until,
@@ -42,10 +42,7 @@ async def test_an_endpoint_down_for_a_while_costs_n_attempts_and_the_probes(
             await asyncio.sleep(OUTAGE)
             during = len(server.requests)
             listed = (await client.get("/admin/sources", headers=AUTH)).json()["sources"]
-            server.script.clear()  # the endpoint is back
-            down_for = time.monotonic() - started
-            await wait_until(db, PROCESSED, MESSAGES)
-            metrics = (await client.get("/metrics")).text
+            down_for, metrics = await endpoint_back(server, started, client, db, MESSAGES)
     most = most_calls_while_down(down_for, FAILURES, COOLDOWN)
     print(f"{during} calls in {down_for:.1f} s down: {most} at most")
     assert during <= most, during

@@ -8,8 +8,6 @@ kind, and stores nothing; at the limits, values are stored as sent.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -21,17 +19,7 @@ from service.sources.limits import (
     MAX_HEADER_BYTES,
     MAX_HEADER_COUNT,
 )
-from tests.deliveries import (
-    BUILDERS,
-    FROM_HEADER,
-    TOKEN,
-    delivery,
-    every_kind_client,
-    refusal,
-    stored_message_id,
-)
-
-KINDS = sorted(BUILDERS)
+from tests.deliveries import FROM_HEADER, KINDS, TOKEN, delivery, refusal, stored_message_id
 
 HOSTILE_EVENT_TYPES = {
     "NUL": "order\x00created",
@@ -41,12 +29,6 @@ HOSTILE_EVENT_TYPES = {
 }
 # Header-borne event types carry Latin-1 only; these reach body-borne ones.
 BODY_ONLY_EVENT_TYPES = {"unpaired surrogate": "order.\ud800created", "C1 control": "a\x85b"}
-
-
-@pytest.fixture
-async def client(database_url: str, data_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with every_kind_client(database_url, data_dir) as client:
-        yield client
 
 
 async def post(
@@ -62,13 +44,14 @@ async def count(db: asyncpg.Connection) -> int:
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_hostile_event_types_are_400_naming_the_field_for_every_kind(
-    client: httpx.AsyncClient, db: asyncpg.Connection, kind: str
+    every_kind: httpx.AsyncClient, db: asyncpg.Connection, kind: str
 ) -> None:
     cases = dict(HOSTILE_EVENT_TYPES)
     if kind not in FROM_HEADER:
         cases.update(BODY_ONLY_EVENT_TYPES)
     answers = {
-        name: await post(client, kind, f"id-{i}", et) for i, (name, et) in enumerate(cases.items())
+        name: await post(every_kind, kind, f"id-{i}", et)
+        for i, (name, et) in enumerate(cases.items())
     }
     for name, response in answers.items():
         detail = refusal(kind, response)
@@ -81,10 +64,10 @@ async def test_hostile_event_types_are_400_naming_the_field_for_every_kind(
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_event_types_at_the_limit_are_stored_as_sent(
-    client: httpx.AsyncClient, db: asyncpg.Connection, kind: str
+    every_kind: httpx.AsyncClient, db: asyncpg.Connection, kind: str
 ) -> None:
     longest = "é" * (MAX_EVENT_TYPE_LENGTH - 2) + ".x"
-    response = await post(client, kind, "at-the-limit", longest)
+    response = await post(every_kind, kind, "at-the-limit", longest)
     assert response.status_code == 200, response.text
     row = await db.fetchrow("SELECT message_id, event_type FROM inbox_messages")
     assert row["message_id"] == stored_message_id(kind, "at-the-limit")
@@ -95,14 +78,14 @@ CONFIG_TOKEN = f"?token={TOKEN}"
 
 
 async def test_headers_over_the_limits_are_431_naming_the_header(
-    client: httpx.AsyncClient, db: asyncpg.Connection
+    every_kind: httpx.AsyncClient, db: asyncpg.Connection
 ) -> None:
     path = "/webhooks/generic-header" + CONFIG_TOKEN
     base = {"x-id": "h", "x-event-type": "t"}
     many = {**base, **{f"x-h{i}": "1" for i in range(MAX_HEADER_COUNT)}}
-    too_many = await client.post(path, content=b"{}", headers=many)
+    too_many = await every_kind.post(path, content=b"{}", headers=many)
     large = {**base, "x-large": "v" * MAX_HEADER_BYTES}
-    too_large = await client.post(path, content=b"{}", headers=large)
+    too_large = await every_kind.post(path, content=b"{}", headers=large)
     for response in (too_many, too_large):
         assert response.status_code == 431, response.text
         assert response.headers["content-type"] == "application/problem+json"
@@ -113,7 +96,7 @@ async def test_headers_over_the_limits_are_431_naming_the_header(
     # Just inside both limits: stored, every header with it.
     fits = {**base, **{f"x-h{i}": "1" for i in range(MAX_HEADER_COUNT - 10)}}
     fits["x-large"] = "v" * (MAX_HEADER_BYTES - len("x-large"))
-    response = await client.post(path, content=b"{}", headers=fits)
+    response = await every_kind.post(path, content=b"{}", headers=fits)
     assert response.status_code == 200, response.text
     stored = json.loads(await db.fetchval("SELECT headers FROM inbox_messages"))
     assert stored["x-large"] == fits["x-large"]
@@ -130,12 +113,12 @@ async def test_headers_over_the_limits_are_431_naming_the_header(
     ],
 )
 async def test_header_values_the_wire_would_refuse_are_400_when_they_reach_the_app(
-    client: httpx.AsyncClient, db: asyncpg.Connection, headers: dict[str, bytes], detail: str
+    every_kind: httpx.AsyncClient, db: asyncpg.Connection, headers: dict[str, bytes], detail: str
 ) -> None:
     # A real HTTP server refuses most of these itself (tests/e2e/test_hostile_http.py); the app
     # refuses them too, whatever server or proxy is in front of it.
     sent = {"x-id": b"h", "x-event-type": b"t", **headers}
-    response = await client.post(
+    response = await every_kind.post(
         "/webhooks/generic-header" + CONFIG_TOKEN, content=b"{}", headers=sent
     )
     assert response.status_code == 400, response.text
@@ -144,7 +127,7 @@ async def test_header_values_the_wire_would_refuse_are_400_when_they_reach_the_a
 
 
 async def test_a_handshake_echoing_an_unpaired_surrogate_is_answered(
-    client: httpx.AsyncClient, db: asyncpg.Connection
+    every_kind: httpx.AsyncClient, db: asyncpg.Connection
 ) -> None:
     # Event Grid's validation handshake echoes the sender's code; UTF-8 cannot encode this one.
     body = json.dumps(
@@ -156,7 +139,7 @@ async def test_a_handshake_echoing_an_unpaired_surrogate_is_answered(
             }
         ]
     ).encode()
-    response = await client.post(
+    response = await every_kind.post(
         "/webhooks/eventgrid" + CONFIG_TOKEN,
         content=body,
         headers={"content-type": "application/json", "aeg-event-type": "SubscriptionValidation"},
@@ -168,7 +151,7 @@ async def test_a_handshake_echoing_an_unpaired_surrogate_is_answered(
 
 @pytest.mark.parametrize("kind", ["eventgrid", "cloudevents-batch"])
 async def test_a_batch_event_holding_an_unpaired_surrogate_is_stored_as_its_escape(
-    client: httpx.AsyncClient, db: asyncpg.Connection, kind: str
+    every_kind: httpx.AsyncClient, db: asyncpg.Connection, kind: str
 ) -> None:
     # Each event of a batch is stored as its own JSON; UTF-8 cannot encode this one's data.
     data = {"note": "\ud800", "city": "Zürich"}
@@ -179,7 +162,9 @@ async def test_a_batch_event_holding_an_unpaired_surrogate_is_stored_as_its_esca
         event = {"specversion": "1.0", "id": "e1", "source": "/s", "type": "t", "data": data}
         body = json.dumps([event])
         path, media = "/webhooks/cloudevents-structured", "application/cloudevents-batch+json"
-    response = await client.post(path + CONFIG_TOKEN, content=body, headers={"content-type": media})
+    response = await every_kind.post(
+        path + CONFIG_TOKEN, content=body, headers={"content-type": media}
+    )
     assert response.status_code == 200, response.text
     stored = await db.fetchval("SELECT body FROM inbox_messages")
     assert json.loads(stored)["data"] == data

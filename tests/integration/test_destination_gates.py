@@ -15,9 +15,9 @@ from tests.admin_seed import AUTH, TOKEN
 from tests.conftest import AppFactory
 from tests.http_server import scripted_server
 from tests.processing_helpers import (
-    PROCESSED,
     breaker_forward,
     delivery,
+    endpoint_back,
     insert_messages,
     most_calls_while_down,
     source,
@@ -57,10 +57,7 @@ async def test_a_destination_down_for_a_minute_costs_n_attempts_and_the_probes(
             attempts_during = sum(n for _, n in await pairs(db, "crm"))
             listed = (await client.get("/admin/destinations", headers=AUTH)).json()
             stats = await db.fetch("SELECT status, attempts FROM inbox_messages")
-            crm.script.clear()  # the endpoint is back
-            down_for = time.monotonic() - started
-            await wait_until(db, PROCESSED, MESSAGES)
-            metrics = (await client.get("/metrics")).text
+            down_for, metrics = await endpoint_back(crm, started, client, db, MESSAGES)
     most = most_calls_while_down(down_for, FAILURES, COOLDOWN)
     print(f"{during} calls, {attempts_during} attempts in {down_for:.1f} s down")
     assert during <= most, during

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 
 from tests import handlers
@@ -47,6 +48,21 @@ async def destination_attempts(db: asyncpg.Connection, message_id: str) -> list[
     return [tuple(r) for r in rows]
 
 
+async def assert_each_applied_once(db: asyncpg.Connection, disputes_attempt: int) -> None:
+    """m-1 processed by its three destinations, each applying its effect once: billing and
+    warehouse on their first attempt, disputes on attempt `disputes_attempt`."""
+    assert await effects_by(db) == [
+        ("m-1", "billing", 1),
+        ("m-1", "disputes", disputes_attempt),
+        ("m-1", "warehouse", 1),
+    ]
+    assert await destination_states(db, "m-1") == {
+        "billing": ("processed", 1),
+        "disputes": ("processed", disputes_attempt),
+        "warehouse": ("processed", 1),
+    }
+
+
 async def test_a_failing_destination_is_retried_alone_and_every_effect_applies_once(
     worker_for: AppFactory, db: asyncpg.Connection
 ) -> None:
@@ -71,16 +87,7 @@ async def test_a_failing_destination_is_retried_alone_and_every_effect_applies_o
         'destination="disputes",outcome="processed",source="hooks"}': 1.0,
         'destination="warehouse",outcome="processed",source="hooks"}': 1.0,
     }
-    assert await effects_by(db) == [
-        ("m-1", "billing", 1),
-        ("m-1", "disputes", 4),
-        ("m-1", "warehouse", 1),
-    ]
-    assert await destination_states(db, "m-1") == {
-        "billing": ("processed", 1),
-        "disputes": ("processed", 4),
-        "warehouse": ("processed", 1),
-    }
+    await assert_each_applied_once(db, disputes_attempt=4)
     assert await destination_attempts(db, "m-1") == [
         ("billing", 1, "processed"),
         ("disputes", 1, "failed"),
@@ -100,6 +107,15 @@ async def message_row_id(db: asyncpg.Connection, message_id: str) -> int:
         "SELECT id FROM inbox_messages WHERE message_id = $1", message_id
     )
     return row_id
+
+
+async def on_destination(
+    client: httpx.AsyncClient, row_id: int, destination: str, action: str
+) -> httpx.Response:
+    """POST /admin/messages/{id}/destinations/{name}/`action` (retry or discard)."""
+    return await client.post(
+        f"/admin/messages/{row_id}/destinations/{destination}/{action}", headers=AUTH
+    )
 
 
 async def test_a_dead_destination_is_retried_alone_from_the_admin_api(
@@ -128,15 +144,9 @@ async def test_a_dead_destination_is_retried_alone_from_the_admin_api(
             }
 
             handlers.state["disputes_down"] = False
-            unknown = await client.post(
-                f"/admin/messages/{row_id}/destinations/nowhere/retry", headers=AUTH
-            )
-            done = await client.post(
-                f"/admin/messages/{row_id}/destinations/billing/retry", headers=AUTH
-            )
-            retried = await client.post(
-                f"/admin/messages/{row_id}/destinations/disputes/retry", headers=AUTH
-            )
+            unknown = await on_destination(client, row_id, "nowhere", "retry")
+            done = await on_destination(client, row_id, "billing", "retry")
+            retried = await on_destination(client, row_id, "disputes", "retry")
             assert retried.status_code == 200, retried.text
             assert retried.json()["action"] == "admin_retry"
             await wait_until(db, "SELECT status FROM inbox_messages", "processed")
@@ -145,16 +155,7 @@ async def test_a_dead_destination_is_retried_alone_from_the_admin_api(
     assert unknown.status_code == 404
     assert "has no destination nowhere" in unknown.json()["detail"]
     assert done.status_code == 409  # processed: a replay needs force
-    assert await effects_by(db) == [
-        ("m-1", "billing", 1),
-        ("m-1", "disputes", 3),
-        ("m-1", "warehouse", 1),
-    ]
-    assert await destination_states(db, "m-1") == {
-        "billing": ("processed", 1),
-        "disputes": ("processed", 3),
-        "warehouse": ("processed", 1),
-    }
+    await assert_each_applied_once(db, disputes_attempt=3)
     history = await destination_attempts(db, "m-1")
     assert history[-2:] == [("disputes", 2, "admin_retry"), ("disputes", 3, "processed")]
 
@@ -225,15 +226,9 @@ async def test_discarding_the_dead_destination_sets_the_message_aside_and_nothin
         await client.post("/webhooks/hooks", content=b"{}", headers=delivery("m-1"))
         await wait_until(db, "SELECT status FROM inbox_messages", "dead")
         row_id = await message_row_id(db, "m-1")
-        processed = await client.post(
-            f"/admin/messages/{row_id}/destinations/billing/discard", headers=AUTH
-        )
-        discarded = await client.post(
-            f"/admin/messages/{row_id}/destinations/disputes/discard", headers=AUTH
-        )
-        again = await client.post(
-            f"/admin/messages/{row_id}/destinations/disputes/discard", headers=AUTH
-        )
+        processed = await on_destination(client, row_id, "billing", "discard")
+        discarded = await on_destination(client, row_id, "disputes", "discard")
+        again = await on_destination(client, row_id, "disputes", "discard")
         # The whole message's retry runs what is not processed: disputes, not billing.
         retried = await client.post(f"/admin/messages/{row_id}/retry", headers=AUTH)
         await wait_until(db, "SELECT status FROM inbox_messages", "dead")

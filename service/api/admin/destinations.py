@@ -30,7 +30,7 @@ from service.sources.config import DESTINATION_NAME
 from service.sources.config_file import InboxConfig
 from service.store import destinations as store
 from service.store import flow
-from service.store.admin import ADMIN_DISCARD
+from service.store.admin import ADMIN_DISCARD, MessageFilter
 
 log = logging.getLogger("service.admin")
 
@@ -128,6 +128,19 @@ async def discard_destination(
     return acted(state, admin, ADMIN_DISCARD if changed else "none", row, destination=name)
 
 
+def replay_filter(source: str, request: DestinationReplayRequest) -> MessageFilter:
+    """The messages of `source` that a replay to one of its destinations asks for."""
+    return to_filter(
+        MessageFilters(
+            source=source,
+            event_type=request.event_type,
+            received_after=request.received_after,
+            received_before=request.received_before,
+        ),
+        list(request.status),
+    )
+
+
 @router.post(
     "/sources/{source}/destinations/{name}/replay",
     response_model=BulkRetryResult,
@@ -146,18 +159,13 @@ async def replay_to_destination(
     does not pass is recorded as skipped by it. `dry_run` only counts."""
     if name not in configured_of(state.inbox).get(source, []):
         raise ProblemError(404, f"source {source} has no destination {name}")
-    filters = to_filter(
-        MessageFilters(
-            source=source,
-            event_type=request.event_type,
-            received_after=request.received_after,
-            received_before=request.received_before,
-        ),
-        list(request.status),
-    )
     with tracing.admin_span("replay_to_destination", dry_run=request.dry_run) as span:
         result = await store.replay_to_destination(
-            state.engine, filters, name, admin.actor, dry_run=request.dry_run
+            state.engine,
+            replay_filter(source, request),
+            name,
+            admin.actor,
+            dry_run=request.dry_run,
         )
         if span is not None:
             span.set_attribute("inbox.admin.matched", result.matched)

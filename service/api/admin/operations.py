@@ -147,10 +147,7 @@ async def collect_stats(engine: AsyncEngine, processed: ProcessedCounts | None =
         attempts_last_hour=attempts,
         failures_last_hour=failures,
         admin_actions_last_hour=admin_actions,
-        backlog=catch_up.backlog,
-        drain_rate_per_second=catch_up.drained_per_second,
-        arrival_rate_per_second=catch_up.received_per_second,
-        catch_up_seconds=catch_up.seconds_left,
+        **catch_up.published(),
     )
 
 
