@@ -116,6 +116,11 @@ async def seed(
     return int(row_id)
 
 
+async def seed_in(db: asyncpg.Connection, *statuses: str) -> list[int]:
+    """A message in each of `statuses` (message id `m-<status>`), their ids in that order."""
+    return [await seed(db, f"m-{status}", status=status) for status in statuses]
+
+
 async def seed_attempt(
     db: asyncpg.Connection,
     message: int,

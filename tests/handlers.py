@@ -140,14 +140,14 @@ async def record_slowly(message: InboxMessage, ctx: HandlerContext) -> None:
 
 # How many `record_overlapping` calls run at once, and the most that have: a batch runs its
 # handlers one after another, so this counts the batches running at once.
-overlap = {"running": 0, "most": 0}
+overlap: dict[str, float] = {"running": 0, "most": 0, "seconds": 0.005}
 
 
 async def record_overlapping(message: InboxMessage, ctx: HandlerContext) -> None:
     overlap["running"] += 1
     overlap["most"] = max(overlap["most"], overlap["running"])
     try:
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(overlap["seconds"])
         await record(message, ctx)
     finally:
         overlap["running"] -= 1

@@ -79,6 +79,13 @@ def delivery(message_id: str, event_type: str = "order.created") -> dict[str, st
     }
 
 
+def answered(response: httpx.Response) -> str:
+    """What ingest answered a delivery it took: `accepted` or `duplicate`."""
+    assert response.status_code == 200, response.text
+    status: str = response.json()["status"]
+    return status
+
+
 async def create_effects(db: asyncpg.Connection) -> None:
     await db.execute(EFFECTS_DDL)
 

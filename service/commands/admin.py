@@ -116,8 +116,7 @@ async def list_dead_letters(args: argparse.Namespace) -> Exit:
     if args.cursor:
         raise CommandError("--groups has no pages: drop --cursor", Exit.USAGE)
     filters, _ = query_filters(args, "dead-letters")
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
+    async with operator_engine() as engine:
         groups = await store.dead_letter_groups(engine, filters)
     document = DeadLetterGroups(groups=[DeadLetterGroup.model_validate(asdict(g)) for g in groups])
     if args.json:
@@ -132,8 +131,7 @@ async def list_dead_letters(args: argparse.Namespace) -> Exit:
 async def list_messages(args: argparse.Namespace, listing: str) -> Exit:
     filters, limit = query_filters(args, listing)
     after = decode_position(args.cursor) if args.cursor else None
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
+    async with operator_engine() as engine:
         rows, last = await store.list_messages(engine, filters, limit, after)
     items = [MessageSummary.from_row(r) for r in rows]
     next_cursor = None if last is None else encode_position(last)
@@ -149,8 +147,7 @@ async def list_messages(args: argparse.Namespace, listing: str) -> Exit:
 
 
 async def show_message(args: argparse.Namespace) -> Exit:
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
+    async with operator_engine() as engine:
         row = await acting(store.get_message(engine, args.id))
     detail = detail_from_row(row)
     if args.json:
@@ -232,8 +229,7 @@ async def change_message(args: argparse.Namespace, name: str) -> Exit:
 
 
 async def show_stats(args: argparse.Namespace) -> Exit:
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
+    async with operator_engine() as engine:
         stats = await collect_stats(engine)
     if args.json:
         print_json(stats)
@@ -244,8 +240,7 @@ async def show_stats(args: argparse.Namespace) -> Exit:
 
 async def bulk_retry(args: argparse.Namespace) -> Exit:
     request = bulk_request(BulkRetryRequest, args, **filter_values(args), force=args.force)
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
+    async with operator_engine() as engine:
         result = await store.bulk_retry(
             engine,
             to_filter(request, list(request.status)),
@@ -356,8 +351,7 @@ async def list_rejected(args: argparse.Namespace) -> Exit:
     query = validated(
         RejectedQuery, {"source": args.source, "limit": args.limit, "before": args.before}
     )
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
+    async with operator_engine() as engine:
         page = await rejected_page(engine, query)
     if args.json:
         print_json(page)

@@ -76,8 +76,10 @@ def running_embedded_url(settings: Settings) -> str | None:
 
 
 @asynccontextmanager
-async def operator_engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
-    """An engine on the inbox's database; unreachable or unmigrated becomes exit status 3."""
+async def operator_engine(settings: Settings | None = None) -> AsyncIterator[AsyncEngine]:
+    """An engine on the inbox's database (by `settings`, else the environment's,
+    `operator_settings`); unreachable or unmigrated becomes exit status 3."""
+    settings = settings or operator_settings()
     url = operator_database_url(settings)
     try:
         async_url(url)

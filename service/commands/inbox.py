@@ -12,7 +12,7 @@ import textwrap
 from typing import Any
 
 from service.commands.outcome import Exit
-from service.commands.parsers import command_parser
+from service.commands.parsers import add_status_filter, command_parser
 from service.core.status import Status
 
 DATABASE_HELP = """
@@ -129,13 +129,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     replay_to.add_argument("destination", help="the destination's name")
     replay_to.add_argument("--source", required=True, help="the source the destination is of")
-    replay_to.add_argument(
-        "--status",
-        action="append",
-        default=[],
-        choices=[s.value for s in Status if s != Status.PROCESSING],
-        metavar="STATUS",
-        help="only messages in this status; repeat for several",
+    add_status_filter(
+        replay_to,
+        [s.value for s in Status if s != Status.PROCESSING],
+        "STATUS",
+        "only messages in this status; repeat for several",
     )
     replay_to.add_argument("--event-type", help="only this event type (`*` and `?` wildcards)")
     replay_to.add_argument(
@@ -263,13 +261,11 @@ def add_filters(parser: argparse.ArgumentParser, *, statuses: bool) -> None:
     group = parser.add_argument_group("filters")
     group.add_argument("--source", help="only this source's messages")
     if statuses:
-        group.add_argument(
-            "--status",
-            action="append",
-            default=[],
-            choices=[s.value for s in Status],
-            metavar="STATUS",
-            help="only messages in this status (pending, processing, processed, retrying, dead, "
+        add_status_filter(
+            group,
+            [s.value for s in Status],
+            "STATUS",
+            "only messages in this status (pending, processing, processed, retrying, dead, "
             "discarded); repeat for several",
         )
     group.add_argument(

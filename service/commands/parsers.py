@@ -21,3 +21,15 @@ def command_parser(
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def add_status_filter(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    choices: list[str],
+    metavar: str,
+    help: str,
+) -> None:
+    """`--status`, given any number of times (a list, empty when not given)."""
+    parser.add_argument(
+        "--status", action="append", default=[], choices=choices, metavar=metavar, help=help
+    )

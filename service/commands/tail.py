@@ -9,7 +9,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from service.commands.outcome import Exit
-from service.commands.parsers import command_parser
+from service.commands.parsers import add_status_filter, command_parser
 from service.core.status import TailKind
 
 if TYPE_CHECKING:
@@ -45,14 +45,12 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         epilog="Example:" + EXAMPLE + WHERE,
     )
     command.add_argument("source", nargs="*", help="only these sources' messages (default: all)")
-    command.add_argument(
-        "--status",
-        action="append",
-        default=[],
-        choices=[k.value for k in TailKind],
-        metavar="KIND",
-        help="only this kind of event: accepted, duplicate, processed, failed, dead; repeat "
-        "for several (default: all)",
+    add_status_filter(
+        command,
+        [k.value for k in TailKind],
+        "KIND",
+        "only this kind of event: accepted, duplicate, processed, failed, dead; repeat for "
+        "several (default: all)",
     )
     command.add_argument("--event-type", help="only this event type (`*` and `?` wildcards)")
     command.add_argument(
@@ -96,14 +94,13 @@ async def follow_and_print(args: argparse.Namespace) -> None:
 
     from service.api.admin.tail import TailEventDocument, TailQuery
     from service.commands.admin import validated
-    from service.commands.database import operator_engine, operator_settings
+    from service.commands.database import operator_engine
     from service.store.tail import follow
 
     query = validated(
         TailQuery, {"source": args.source, "status": args.status, "event_type": args.event_type}
     )
-    settings = operator_settings()
-    async with operator_engine(settings) as engine:
+    async with operator_engine() as engine:
         started = False
         async for events in follow(engine, query.filters()):
             if not started:

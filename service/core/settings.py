@@ -68,6 +68,8 @@ class Settings(BaseSettings):
     # last second): ingest first. None, the default: half the machine's cores, at least one;
     # worker_concurrency or more: the worker never yields (docs/operating.md).
     worker_ingest_concurrency: int | None = Field(default=None, ge=1, le=256)
+    # How long after the last delivery was committed deliveries still count as arriving.
+    worker_ingest_quiet_seconds: float = Field(default=1.0, gt=0, le=60)
 
     @property
     def config_is_set(self) -> bool:

@@ -29,6 +29,8 @@ class WorkerOptions:
     linger_seconds: float = 0.05
     # The claim loops that run while deliveries arrive (None: half the cores, at least one).
     ingest_concurrency: int | None = None
+    # Deliveries count as arriving until this long after the last one was committed.
+    ingest_quiet_seconds: float = 1.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerOptions:

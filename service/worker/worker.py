@@ -46,9 +46,6 @@ log = logging.getLogger("service.worker")
 
 REAP_LIMIT = 500
 MAX_ERROR_BACKOFF_SECONDS = 30.0
-# Deliveries are arriving while one was notified this recently: the claim loops beyond
-# `WorkerOptions.loops_while_ingesting` wait.
-INGESTING_SECONDS = 1.0
 
 
 class WorkerCrashed(Exception):
@@ -143,12 +140,23 @@ class Worker(Gating, Leasing, Batches):
     # Waking --------------------------------------------------------------------------------
 
     def wake_one(self) -> None:
-        """Wake an idle claim loop, or (all busy) the next one, which looks again when done."""
-        if self._idle:
-            self._idle.pop().set()
+        """Wake an idle claim loop, or (all busy) the next one, which looks again when done;
+        while deliveries are arriving, only one of those that run then (`_running_loops`)."""
+        running = self._running_loops()
+        idle = [wake for wake in self._idle if self._wakeups.index(wake) < running]
+        if idle:
+            self._idle.remove(idle[-1])
+            idle[-1].set()
         elif self._wakeups:
-            self._next = (self._next + 1) % len(self._wakeups)
+            self._next = (self._next + 1) % min(running, len(self._wakeups))
             self._wakeups[self._next].set()
+
+    def _running_loops(self) -> int:
+        """How many claim loops run batches now: all, or while deliveries are arriving, the
+        first `WorkerOptions.loops_while_ingesting` (ingest first)."""
+        if asyncio.get_running_loop().time() < self._ingesting_until:
+            return self.options.loops_while_ingesting
+        return self.options.concurrency
 
     def _notified(self) -> None:
         """Deliveries were committed (a NOTIFY, or the listener reconnected): wake a claim loop
@@ -156,7 +164,7 @@ class Worker(Gating, Leasing, Batches):
         since it began. What ingest commits meanwhile is then claimed as one batch rather than
         as a small batch per commit, each paying a batch's round trips and statements."""
         loop = asyncio.get_running_loop()
-        self._ingesting_until = loop.time() + INGESTING_SECONDS
+        self._ingesting_until = loop.time() + self.options.ingest_quiet_seconds
         if self._lingering is not None:
             return  # a wake is already due
         wait = self._last_batch + self.options.linger_seconds - loop.time()
@@ -208,6 +216,8 @@ class Worker(Gating, Leasing, Batches):
         self._keyed = self._ordered | await keyed_sources(self.engine, self.sources)
         async with httpx.AsyncClient(limits=limits, follow_redirects=False) as http:
             self._http = http
+            # Loop i waits on `_wakeups[i]`: the first ones are those that run while ingesting.
+            self._wakeups = [asyncio.Event() for _ in range(self.options.concurrency)]
             loops = [
                 asyncio.create_task(self._claim_loop(i, stop), name=f"claim-loop-{i}")
                 for i in range(self.options.concurrency)
@@ -248,8 +258,7 @@ class Worker(Gating, Leasing, Batches):
             raise WorkerCrashed(f"{crashed.get_name()} stopped: {error!r}") from error
 
     async def _claim_loop(self, index: int, stop: asyncio.Event) -> None:
-        wake = asyncio.Event()
-        self._wakeups.append(wake)
+        wake = self._wakeups[index]
         wake.set()  # look once at start: work may be waiting already
         errors = 0
         while not stop.is_set():
@@ -261,7 +270,7 @@ class Worker(Gating, Leasing, Batches):
                     self._idle.remove(wake)
             wake.clear()
             while not stop.is_set():
-                if index >= self.options.loops_while_ingesting and await self._yield(stop):
+                if index >= self._running_loops() and await self._yield(stop):
                     continue
                 try:
                     if self._alone_due:
@@ -290,7 +299,7 @@ class Worker(Gating, Leasing, Batches):
 
     async def _yield(self, stop: asyncio.Event) -> bool:
         """Ingest first: while deliveries are arriving, wait until they have stopped for
-        `INGESTING_SECONDS` (or the worker stops); whether it waited."""
+        `ingest_quiet_seconds` (or the worker stops); whether it waited."""
         wait = self._ingesting_until - asyncio.get_running_loop().time()
         if wait <= 0:
             return False

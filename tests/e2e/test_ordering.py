@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import signal
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -100,28 +102,46 @@ async def start_three(
 
 
 async def kill_while_holding_claims(
-    db: asyncpg.Connection, victim: subprocess.Popen[bytes], timeout: float = 60
+    db: asyncpg.Connection, victim: subprocess.Popen[bytes], timeout: float = 60, at_least: int = 1
 ) -> None:
     """SIGKILL `victim` (the process itself, no graceful stop) once some messages are done, at
-    the first moment it holds claims: mid-batch, so its claims are abandoned."""
+    the first moment it holds `at_least` claims: mid-batch, so its claims are abandoned (a
+    batch of several takes long enough that the kill, a round trip after the look, lands
+    before it commits, however loaded the machine)."""
     deadline = time.monotonic() + timeout
     holding = "SELECT count(*) FROM inbox_claims WHERE actor LIKE '%:' || $1::text"
-    while await db.fetchval(PROCESSED) < 50 or not await db.fetchval(holding, str(victim.pid)):
+    while (
+        await db.fetchval(PROCESSED) < 50 or await db.fetchval(holding, str(victim.pid)) < at_least
+    ):
         assert time.monotonic() < deadline, "no batch of the first process in flight"
         assert await db.fetchval(PROCESSED) < TOTAL, "all done before a batch was caught"
         await asyncio.sleep(0.002)
     crash(victim)
 
 
-async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(
-    database_url: str, db: asyncpg.Connection, tmp_path: Path
-) -> None:
+async def drain_with_three(
+    database_url: str,
+    db: asyncpg.Connection,
+    tmp_path: Path,
+    meanwhile: Callable[[list[subprocess.Popen[bytes]]], Awaitable[None]] | None = None,
+) -> list[int]:
+    """The backlog (`enqueue`) drained by three worker processes, `meanwhile` done to them
+    while they drain; each one's exit status once stopped (a killed one's, -9)."""
     workers = await start_three(database_url, db, tmp_path)
     try:
         await enqueue(db)
+        if meanwhile is not None:
+            await meanwhile(workers)
         await wait_until(db, PROCESSED, TOTAL, 120)
     finally:
         codes = [await stop(w) for w in workers]
+    return codes
+
+
+async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    codes = await drain_with_three(database_url, db, tmp_path)
     assert codes == [0, 0, 0]
     peak = await assert_in_order_and_apart(db)
     actors = await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts")
@@ -133,14 +153,13 @@ async def test_three_processes_keep_each_keys_order_and_run_keys_concurrently(
 async def test_a_sigkill_mid_run_leaves_every_key_ordered_and_nothing_twice(
     database_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    workers = await start_three(database_url, db, tmp_path)
-    try:
-        await enqueue(db)
-        await kill_while_holding_claims(db, workers[0])
-        await wait_until(db, PROCESSED, TOTAL, 120)
-    finally:
-        for w in workers[1:]:
-            await stop(w)
+    codes = await drain_with_three(
+        database_url,
+        db,
+        tmp_path,
+        lambda workers: kill_while_holding_claims(db, workers[0], at_least=5),
+    )
+    assert codes[0] == -signal.SIGKILL
     await assert_in_order_and_apart(db)
     abandoned = await db.fetchval("SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'")
     print(f"SIGKILL mid-run: {abandoned} attempts abandoned, every key still in order")

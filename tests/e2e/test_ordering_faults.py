@@ -88,7 +88,7 @@ async def test_a_sigkill_redeliveries_and_failures_leave_every_key_ordered_and_o
         workers = await start_three(database_url, db, tmp_path, TOML)
         posting = asyncio.create_task(deliver_all(ingest.url))
         try:
-            await kill_while_holding_claims(db, workers[0])
+            await kill_while_holding_claims(db, workers[0], at_least=5)
             answers = await posting
             await wait_until(db, PROCESSED, TOTAL, 120)
         finally:

@@ -17,7 +17,7 @@ from service.store.attempts import record_results
 from service.store.claims import claim_due, expired_leases, hold_claimed, lock_due
 from service.store.results import AttemptResult, MessageRow
 from service.store.savepoints import short_transaction
-from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, status_of
+from tests.admin_seed import AUTH, CONFIG, TOKEN, seed, seed_in, status_of
 from tests.conftest import AppFactory
 
 FINGERPRINT = token_fingerprint(TOKEN)
@@ -80,8 +80,7 @@ async def test_retry_gives_a_fresh_budget_and_records_who(
 async def test_retry_refuses_unfinished_and_unknown_messages(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    pending = await seed(db, "m-pending", status="pending")
-    processing = await seed(db, "m-processing", status="processing")
+    pending, processing = await seed_in(db, "pending", "processing")
     async with admin_client(client_for) as client:
         for row_id in (pending, processing):
             response = await client.post(
@@ -152,8 +151,7 @@ async def test_discard_keeps_the_dedup_row_so_a_redelivery_is_a_duplicate(
 async def test_discard_refuses_processed_and_unknown(
     client_for: AppFactory, db: asyncpg.Connection
 ) -> None:
-    done = await seed(db, "m-done", status="processed")
-    dead = await seed(db, "m-dead", status="dead")
+    done, dead = await seed_in(db, "processed", "dead")
     async with admin_client(client_for) as client:
         assert (
             await client.post(f"/admin/messages/{done}/discard", headers=AUTH)

@@ -24,10 +24,13 @@ from tests.conftest import running, worker_beside
 from tests.processing_helpers import (
     PROCESSED,
     WORKER_SETTINGS,
+    answered,
     create_effects,
+    delivery,
     source,
     wait_until,
 )
+from tests.tail_scenario import EVERY_KIND
 
 CONFIG: dict[str, Any] = {
     "sources": {
@@ -141,14 +144,10 @@ async def inbox(
 async def deliver(
     client: httpx.AsyncClient, name: str, message_id: str, event_type: str = "order.created"
 ) -> str:
-    response = await client.post(
-        f"/webhooks/{name}",
-        content=b"{}",
-        headers={"X-Message-Id": message_id, "X-Event-Type": event_type},
+    path = f"/webhooks/{name}"
+    return answered(
+        await client.post(path, content=b"{}", headers=delivery(message_id, event_type))
     )
-    assert response.status_code == 200, response.text
-    status: str = response.json()["status"]
-    return status
 
 
 async def test_the_tail_streams_each_delivery_duplicate_and_outcome_as_it_happens(
@@ -167,14 +166,7 @@ async def test_the_tail_streams_each_delivery_duplicate_and_outcome_as_it_happen
             )
             assert await deliver(client, "orders", "o-1") == "duplicate"
             assert await deliver(client, "flaky", "f-1", "payment.failed") == "accepted"
-            expected = [
-                ("accepted", "orders", "o-1"),
-                ("duplicate", "orders", "o-1"),
-                ("processed", "orders", "o-1"),
-                ("accepted", "flaky", "f-1"),
-                ("failed", "flaky", "f-1"),
-                ("dead", "flaky", "f-1"),
-            ]
+            expected = EVERY_KIND
             await stream.wait_for(
                 lambda: set(expected) <= set(stream.seen()), f"{expected} in {stream.seen()}"
             )

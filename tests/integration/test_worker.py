@@ -529,7 +529,14 @@ async def test_while_deliveries_arrive_the_worker_runs_fewer_claim_loops(
     """Ingest first (issue 70): while deliveries are being committed, only
     `worker_ingest_concurrency` claim loops run batches; once they stop, every loop does."""
     cfg = config("tests.handlers:record_overlapping")
-    settings = {"worker_concurrency": 4, "worker_ingest_concurrency": 1, "worker_poll_seconds": 0.2}
+    # Deliveries count as arriving for 3 s after the last: a loaded machine's stall between
+    # two of them must not read as ingest having stopped.
+    settings = {
+        "worker_concurrency": 4,
+        "worker_ingest_concurrency": 1,
+        "worker_ingest_quiet_seconds": 3.0,
+        "worker_poll_seconds": 0.2,
+    }
     processed = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
     sent = 0
     async with worker_for(cfg, **settings) as client:
@@ -562,8 +569,11 @@ async def test_while_deliveries_arrive_the_worker_runs_fewer_claim_loops(
         await sender
         await wait_until(db, processed, 400 + sent, 20)
         handlers.overlap["most"] = 0
+        # Slower handlers now, so that one loop is still at it when the quiet spell ends.
+        handlers.overlap["seconds"] = 0.02
         await insert_messages(db, *(f"b{i}" for i in range(400)))
         await wait_until(db, processed, 800 + sent, 60)
         once_stopped = handlers.overlap["most"]
+    handlers.overlap["seconds"] = 0.005
     assert while_arriving == 1
     assert once_stopped >= 2
