@@ -339,7 +339,8 @@ class RejectedDelivery(InboxTable, table=True):
 class RateBucket(InboxTable, table=True):
     """`inbox_rate_limits`: each rate-limited source's token bucket, shared by every process
     on the database (0013): a claim takes tokens, one a message, refilled at the source's rate
-    up to its burst."""
+    up to its burst; and a named destination's queue, the last slot given to a run deferred
+    for want of a token (0018)."""
 
     __tablename__ = "inbox_rate_limits"
     __table_args__ = CHURNING_TABLE_OPTIONS
@@ -349,6 +350,9 @@ class RateBucket(InboxTable, table=True):
     refilled_at: datetime | None = Field(
         default=None,
         sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    queued_until: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
 
 

@@ -9,6 +9,11 @@ the message's other destinations are not held. One `DestinationGates` serves a b
 reruns (an optimistic batch rolled back and run again isolated), so an admission is asked for
 once per (message, destination); `settle` returns what was taken and not used, and counts the
 forwards' outcomes.
+
+A run held by its rate limit is given a slot in the destination's queue (`core.flow.admit`,
+`queue`): the backlog of a slow destination comes due one token apart, each run once, so it
+costs the database and the worker's claims about its rate, not its depth, and a run that
+reaches the destination for the first time queues behind those already waiting.
 """
 
 from __future__ import annotations
@@ -118,6 +123,8 @@ class DestinationGates:
     # Runs still to be asked for, per (source, destination): what a gate is asked for at
     # once, so that a batch costs a round trip per destination, not per run.
     expected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Of those, the runs that never asked before (no state row): they queue behind the others.
+    fresh: Counter[tuple[str, str]] = field(default_factory=Counter)
     answers: dict[tuple[int, str], Deferral | None] = field(default_factory=dict)
     gates: dict[tuple[str, str], _Gate] = field(default_factory=dict)
     changes: list[BreakerChange] = field(default_factory=list)
@@ -131,6 +138,8 @@ class DestinationGates:
         for destination in destinations:
             if destination.gated and (row.id, destination.name) not in self.answers:
                 self.expected[(row.source, destination.name)] += 1
+                if destination.name not in (row.destinations or {}):
+                    self.fresh[(row.source, destination.name)] += 1
 
     async def admit(self, row: MessageRow, destination: Destination) -> Deferral | None:
         """None: run `destination` for `row` now; else how long it waits, and why."""
@@ -147,7 +156,9 @@ class DestinationGates:
         if self.expected[key] > 0:
             self.expected[key] -= 1
         answer = None
-        if gate.left > 0:
+        # While runs are queued ahead, a token is theirs: a first run queues behind them.
+        first_ask = destination.name not in (row.destinations or {})
+        if gate.left > 0 and not (first_ask and gate.admission.queued):
             gate.left -= 1
             gate.used += 1
         else:
@@ -159,14 +170,28 @@ class DestinationGates:
     async def _ask(self, key: tuple[str, str], destination: Destination) -> _Gate:
         wanted = max(1, self.expected[key])
         lease = 5.0 + (destination.forward.timeout_seconds * wanted if destination.forward else 0)
-        admission = await flow.admit(self.engine, gate_key(*key), destination.gates, wanted, lease)
+        limit = destination.rate_limit
+        admission = await flow.admit(
+            self.engine,
+            gate_key(*key),
+            destination.gates,
+            wanted,
+            lease,
+            queue=limit is not None,
+            fresh=min(wanted, self.fresh[key]),
+        )
         self.gates[key] = _Gate(admission, admission.allowed)
+        if limit is not None and (admission.queued or admission.slot_seconds):
+            # Runs wait in its queue: look again when the next of them may be due.
+            wait = min(rules.QUEUE_RECHECK_SECONDS, 1 / limit.per_second)
+            self.next_due = min(wait, self.next_due or wait)
         return self.gates[key]
 
     @staticmethod
     def _deferral(gate: _Gate, destination: Destination) -> Deferral:
-        """Over what its gates allow now: each deferred run waits its turn, as a bucket
-        refills, so that a backlog's runs come due one token apart instead of all at once."""
+        """Over what its gates allow now: each deferred run waits for its slot in the
+        destination's queue (the admission's first, then one token apart), so that a
+        backlog's runs come due one token apart, each once, instead of all at once."""
         gate.deferred += 1
         admission = gate.admission
         limit = destination.rate_limit
@@ -175,7 +200,7 @@ class DestinationGates:
             return Deferral(recheck, CIRCUIT_OPEN)
         if limit is None:
             return Deferral(recheck, IN_FLIGHT)
-        first = admission.wait_seconds or 1 / limit.per_second
+        first = admission.slot_seconds or admission.wait_seconds or 1 / limit.per_second
         return Deferral(first + (gate.deferred - 1) / limit.per_second, RATE_LIMITED)
 
     def forwarded(

@@ -51,6 +51,38 @@ def test_an_empty_bucket_admits_nothing_and_says_when_the_next_token_is_due() ->
     assert bucket == Bucket(0.25, T0)  # nothing taken
 
 
+def test_runs_held_back_get_the_next_free_slots_of_the_queue_one_token_apart() -> None:
+    # A 10/s destination: 3 tokens now, 10 runs asking; the other 7 queue from the 4th token.
+    admission, bucket, _ = admit(LIMITED, Bucket(3.0, T0), None, T0, 10, LEASE, queue=True)
+    assert (admission.allowed, admission.slot_seconds) == (3, pytest.approx(0.1))
+    assert bucket == Bucket(0.0, T0, at(0.7))  # the 7th slot: 0.1 + 6 tokens later
+    # A second claim at once: its runs come due after those, not with them.
+    second, bucket, _ = admit(LIMITED, bucket, None, T0, 5, LEASE, queue=True)
+    assert (second.allowed, second.slot_seconds, second.queued) == (0, pytest.approx(0.8), True)
+    assert bucket is not None
+    assert bucket.queued_until == at(1.2)
+
+
+def test_while_runs_are_queued_a_run_asking_first_gets_no_token() -> None:
+    queued = Bucket(0.0, T0, at(2.0))
+    # At 0.5 s: 5 tokens; of 8 runs, 6 ask for the first time and 2 came due from the queue.
+    admission, bucket, _ = admit(LIMITED, queued, None, at(0.5), 8, LEASE, queue=True, fresh=6)
+    assert (admission.allowed, admission.queued) == (2, True)
+    assert admission.slot_seconds == pytest.approx(1.6)  # after the last slot given, 2.0 s
+    assert bucket is not None
+    assert bucket.queued_until == at(2.6)
+    # Once the queue has come due, the tokens are anyone's again.
+    later, _, _ = admit(LIMITED, queued, None, at(3.0), 8, LEASE, queue=True, fresh=6)
+    assert (later.allowed, later.queued) == (8, False)
+
+
+def test_a_claim_that_queues_nothing_keeps_the_queue() -> None:
+    queued = Bucket(5.0, T0, at(2.0))
+    _, bucket, _ = admit(LIMITED, queued, None, T0, 100, LEASE)  # a source's own claim
+    assert bucket is not None
+    assert bucket.queued_until == at(2.0)
+
+
 @pytest.mark.parametrize(
     ("idle", "tokens"), [(0.0, 0.0), (0.05, 0.5), (0.1, 1.0), (0.35, 3.5), (60.0, 10.0)]
 )

@@ -1,0 +1,30 @@
+"""A named destination's rate-limit queue: the last slot given to a run deferred for want of
+a token, on its bucket's row.
+
+A run over the limit is deferred, no attempt spent. Each waited until the next token, so a
+backlog of 10,000 behind a 1/s destination was claimed and deferred again 130 times a second,
+taking claims, row writes and WAL from every other source. Now each deferred run gets the
+next free slot after `queued_until`, one token apart, and comes due once, when its token
+exists (service/core/flow.py, `admit`).
+
+Revision ID: 0018
+Revises: 0017
+Create Date: 2026-12-09
+"""
+
+from collections.abc import Sequence
+
+from alembic import op
+
+revision: str = "0018"
+down_revision: str | None = "0017"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.execute("ALTER TABLE inbox_rate_limits ADD COLUMN queued_until timestamp with time zone")
+
+
+def downgrade() -> None:
+    op.execute("ALTER TABLE inbox_rate_limits DROP COLUMN queued_until")

@@ -1,0 +1,84 @@
+"""A throttled destination's backlog costs about its rate, not its depth (issue 63): its runs
+are claimed once to be queued, then each once more when its token exists, while another
+source's messages drain beside it. (Before: every run held by the rate limit waited only for
+the next token and came due again, so a backlog was claimed and deferred over and over.)"""
+
+from __future__ import annotations
+
+import time
+
+import asyncpg
+
+from tests.conftest import AppFactory
+from tests.processing_helpers import insert_messages, source, wait_until
+
+RATE, BACKLOG, OTHERS = 2.0, 300, 200
+# The slow destination's runs to watch after the backlog is queued: about RUNS / RATE seconds.
+RUNS = 8
+# Claims beyond one per token: a wake-up late by a token's time (a loaded machine) costs a
+# run its slot, and it queues again.
+SLACK = 12
+
+# Each claim of a message by the worker writes its `inbox_claims` row: count them, by source.
+COUNT_CLAIMS = """
+CREATE TABLE claim_log (source text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE FUNCTION log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO claim_log (source)
+    SELECT m.source FROM inbox_messages AS m WHERE m.id = NEW.message_id;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER log_claim AFTER INSERT ON inbox_claims FOR EACH ROW EXECUTE FUNCTION log_claim();
+"""
+SLOW_CLAIMS = "SELECT count(*) FROM claim_log WHERE source = 'hooks'"
+SLOW_DONE = (
+    "SELECT count(*) FROM inbox_destinations WHERE destination = 'slow' AND status = 'processed'"
+)
+
+
+async def test_a_throttled_backlog_is_claimed_at_its_rate_while_another_source_drains(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await db.execute(COUNT_CLAIMS)
+    slow = {"handlers": ["tests.handlers:record"], "rate_limit": f"{RATE:g}/s"}
+    config = {
+        "sources": {
+            "hooks": source(destinations={"slow": slow}),
+            "other": source("tests.handlers:record"),
+        }
+    }
+    await insert_messages(db, *(f"m-{i}" for i in range(BACKLOG)))
+    # Small batches: each held back run used to wait at most a batch's worth of tokens.
+    async with worker_for(config, worker_batch_size=10, worker_concurrency=2):
+        # Every run of the backlog asked once: now each is queued (or ran).
+        await wait_until(
+            db, "SELECT count(*) FROM inbox_destinations WHERE destination = 'slow'", BACKLOG
+        )
+        started, claims_before = time.monotonic(), await db.fetchval(SLOW_CLAIMS)
+        done_before = await db.fetchval(SLOW_DONE)
+        await db.executemany(
+            "INSERT INTO inbox_messages (source, message_id, body) VALUES ('other', $1, '{}')",
+            [(f"o-{i}",) for i in range(OTHERS)],
+        )
+        await db.execute("NOTIFY webhook_inbox")
+        await wait_until(
+            db, "SELECT count(*) FROM effects WHERE source = 'other'", OTHERS, timeout=10
+        )
+        others_in = time.monotonic() - started
+        await wait_until(db, SLOW_DONE, done_before + RUNS, timeout=RUNS / RATE * 4)
+        elapsed = time.monotonic() - started
+        claims = await db.fetchval(SLOW_CLAIMS) - claims_before
+    print(f"{claims} claims of the backlog in {elapsed:.1f} s; the other source in {others_in:.1f}")
+    assert claims <= elapsed * RATE + SLACK, (claims, elapsed)
+    # Deferred, not failed: each slow run that ran did so once, with the one attempt.
+    rows = await db.fetch(
+        "SELECT status, attempts, count(*) AS n FROM inbox_destinations GROUP BY 1, 2"
+    )
+    assert {(r["status"], r["attempts"]) for r in rows} <= {("pending", 0), ("processed", 1)}
+    assert (
+        await db.fetchval("SELECT count(*) FROM inbox_attempts WHERE outcome <> 'processed'") == 0
+    )
+    assert (
+        await db.fetchval("SELECT count(*) - count(DISTINCT (source, message_id)) FROM effects")
+        == 0
+    )
