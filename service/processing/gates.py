@@ -162,7 +162,7 @@ class DestinationGates:
             gate.left -= 1
             gate.used += 1
         else:
-            answer = self._deferral(gate, destination)
+            answer = self._deferral(gate, destination, row.id)
             self.next_due = min(answer.wait_seconds, self.next_due or answer.wait_seconds)
         self.answers[memo] = answer
         return answer
@@ -188,7 +188,7 @@ class DestinationGates:
         return self.gates[key]
 
     @staticmethod
-    def _deferral(gate: _Gate, destination: Destination) -> Deferral:
+    def _deferral(gate: _Gate, destination: Destination, message: int) -> Deferral:
         """Over what its gates allow now: each deferred run waits for its slot in the
         destination's queue (the admission's first, then one token apart), so that a
         backlog's runs come due one token apart, each once, instead of all at once."""
@@ -201,7 +201,8 @@ class DestinationGates:
         if limit is None:
             return Deferral(recheck, IN_FLIGHT)
         first = admission.slot_seconds or admission.wait_seconds or 1 / limit.per_second
-        return Deferral(first + (gate.deferred - 1) / limit.per_second, RATE_LIMITED)
+        wait = first + (gate.deferred - 1) / limit.per_second
+        return Deferral(rules.parked(wait, message), RATE_LIMITED)
 
     def forwarded(
         self,

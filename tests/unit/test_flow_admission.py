@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.core.flow import (
+    QUEUE_HORIZON_SECONDS,
     Breaker,
     BreakerState,
     Bucket,
@@ -17,6 +18,7 @@ from service.core.flow import (
     admit,
     breaker_state,
     give_back,
+    parked,
     record,
     tokens_now,
 )
@@ -74,6 +76,28 @@ def test_while_runs_are_queued_a_run_asking_first_gets_no_token() -> None:
     # Once the queue has come due, the tokens are anyone's again.
     later, _, _ = admit(LIMITED, queued, None, at(3.0), 8, LEASE, queue=True, fresh=6)
     assert (later.allowed, later.queued) == (8, False)
+
+
+def test_a_queued_run_claimed_a_little_late_borrows_the_rest_of_its_token() -> None:
+    admission, bucket, _ = admit(LIMITED, Bucket(0.75, T0), None, T0, 2, LEASE, queue=True)
+    assert admission.allowed == 1
+    assert bucket is not None
+    assert bucket.tokens == pytest.approx(-0.25)
+    assert admission.slot_seconds == pytest.approx(0.125)  # when the bucket holds one again
+    # A source's own claim (no queue) takes whole tokens only.
+    own, _, _ = admit(LIMITED, Bucket(0.75, T0), None, T0, 2, LEASE)
+    assert own.allowed == 0
+
+
+def test_a_queue_gives_slots_up_to_its_horizon_and_the_rest_look_again_after_it() -> None:
+    slow = Gates(per_second=1.0, burst=1.0)
+    admission, bucket, _ = admit(slow, Bucket(0.0, T0), None, T0, 10_000, LEASE, queue=True)
+    assert admission.slot_seconds == pytest.approx(1.0)
+    assert bucket is not None
+    assert bucket.queued_until == at(QUEUE_HORIZON_SECONDS)  # slots 1 s apart, 1 s to 600 s
+    assert parked(599.0, 7) == 599.0
+    assert parked(601.0, 7) == QUEUE_HORIZON_SECONDS + 7
+    assert parked(9_999.0, 1_207) == QUEUE_HORIZON_SECONDS + 7
 
 
 def test_a_claim_that_queues_nothing_keeps_the_queue() -> None:
