@@ -32,7 +32,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.fanout import environment
+from bench.fanout import add_handler_arguments, environment
 from bench.load import BODY_TEMPLATE, ensure_wrk, run_wrk, write_requests
 from bench.pg import BenchPostgres
 from bench.process import (
@@ -90,13 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--small-runs", type=int, default=3, help="small drains, before and after the large (3)"
     )
-    parser.add_argument(
-        "--handler",
-        default="execute",
-        choices=[h for h in HANDLERS if h != "noop"],
-        help="the one-row effect's style, as bench/process --handlers (execute)",
-    )
-    parser.add_argument("--log-level", default="WARNING", help="the service's INBOX_LOG_LEVEL")
+    add_handler_arguments(parser, log_level="WARNING")
     ingest = parser.add_argument_group("--ingest: ingest idle and while a backlog drains")
     ingest.add_argument("--ingest", action="store_true", help="measure ingest, not the drains")
     ingest.add_argument(

@@ -66,13 +66,20 @@ def add_drain_arguments(parser: argparse.ArgumentParser, *, messages: int) -> No
     parser.add_argument(
         "--rounds", type=int, default=3, help="rounds, each of the drains compared once a round (3)"
     )
+    add_handler_arguments(parser, log_level="INFO")
+
+
+def add_handler_arguments(parser: argparse.ArgumentParser, *, log_level: str) -> None:
+    """The effect's style and the service's log level, for a benchmark that runs handlers."""
     parser.add_argument(
         "--handler",
         default="execute",
         choices=[h for h in HANDLERS if h != "noop"],
         help="the one-row effect's style, as bench/process --handlers (execute)",
     )
-    parser.add_argument("--log-level", default="INFO", help="the service's INBOX_LOG_LEVEL")
+    parser.add_argument(
+        "--log-level", default=log_level, help=f"the service's INBOX_LOG_LEVEL ({log_level})"
+    )
 
 
 def environment(url: str, work: Path, name: str, toml: str, log_level: str) -> dict[str, str]:
