@@ -61,11 +61,10 @@ async def test_a_throttled_backlog_is_claimed_at_its_rate_while_another_source_d
             [(f"o-{i}",) for i in range(OTHERS)],
         )
         await db.execute("NOTIFY webhook_inbox")
-        await wait_until(
-            db, "SELECT count(*) FROM effects WHERE source = 'other'", OTHERS, timeout=10
-        )
+        await wait_until(db, "SELECT count(*) FROM effects WHERE source = 'other'", OTHERS)
         others_in = time.monotonic() - started
-        await wait_until(db, SLOW_DONE, done_before + RUNS, timeout=RUNS / RATE * 4)
+        # Generous for a loaded machine: the bound below grows with the time taken.
+        await wait_until(db, SLOW_DONE, done_before + RUNS, timeout=RUNS / RATE * 8)
         elapsed = time.monotonic() - started
         claims = await db.fetchval(SLOW_CLAIMS) - claims_before
     print(f"{claims} claims of the backlog in {elapsed:.1f} s; the other source in {others_in:.1f}")

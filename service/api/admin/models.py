@@ -373,7 +373,8 @@ class RateLimitStats(BaseModel):
     )
     tokens: float = Field(
         description="Messages that may be claimed at once now (the shared bucket, refilled at "
-        "the limit up to one second's worth)."
+        "the limit up to one second's worth); just below 0 for a moment after a destination's "
+        "queued run borrowed the rest of its token."
     )
     wait_seconds: float = Field(
         description="How long a message over the limit waits for the next token now; 0 when "
