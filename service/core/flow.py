@@ -10,7 +10,6 @@ database itself, so no admission is needed to honour it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -26,6 +25,9 @@ QUEUE_RECHECK_SECONDS = 1.0
 # second horizon): a slot is a promise made at the rate of its day, and a raised limit or a
 # discarded backlog must not leave runs waiting on old promises for longer than this.
 QUEUE_HORIZON_SECONDS = 600.0
+# A queued run claimed this much before its slot still holds it (the clocks of the worker and
+# the database differ a little; a run comes due a little after its slot, as it is recorded).
+SLOT_EARLY_SECONDS = 0.05
 
 
 class BreakerState(StrEnum):
@@ -64,7 +66,9 @@ class Gates:
 class Bucket:
     """A rate limit's token bucket as stored: `tokens` when last `refilled_at`, and the last
     slot given to a deferred run (`queued_until`, 0018): runs deferred after it come due after
-    it, one token apart, so a backlog comes due as fast as its tokens exist, not all at once."""
+    it, one token apart, so a backlog comes due as fast as its tokens exist, not all at once.
+    A slot's token is taken when the slot is given, so `tokens` is below 0 by the tokens
+    promised to queued runs (it refills to 0 as their slots come)."""
 
     tokens: float
     refilled_at: datetime
@@ -98,10 +102,14 @@ class Admission:
     # The tokens this admission took (given back for what the claim did not use).
     tokens: int = 0
     # `admit(queue=True)`: the seconds until the first slot of the runs not admitted (each
-    # next one a token later), and whether runs deferred earlier were queued ahead (the runs
-    # asking for the first time then got no token: those are the queued runs').
+    # next one a token later), how many got one (the others are past the queue's horizon),
+    # and whether runs deferred earlier were queued ahead (the runs asking for the first time
+    # then got no token: those are the queued runs').
     slot_seconds: float = 0.0
     queued: bool = False
+    slots: int = 0
+    # Of `allowed`, the runs whose slot has come: admitted with the token their slot took.
+    slotted: int = 0
 
 
 def tokens_now(gates: Gates, bucket: Bucket | None, now: datetime) -> float:
@@ -122,10 +130,10 @@ def token_wait(gates: Gates, tokens: float) -> float:
 
 def _slots(
     gates: Gates, now: datetime, next_token: datetime, last: datetime | None, count: int
-) -> tuple[float, datetime | None]:
+) -> tuple[float, datetime | None, int]:
     """Slots for `count` runs in a queue whose last slot is `last`: the seconds until the
-    first (the next token, or one token after `last`), and the queue's new last slot (those
-    that fit before the horizon; the others look again after it, `parked`)."""
+    first (the next token, or one token after `last`), the queue's new last slot, and how
+    many fit before the horizon (the others look again after it, `parked`)."""
     assert gates.per_second is not None
     step = timedelta(seconds=1 / gates.per_second)
     first = next_token if last is None else max(next_token, last + step)
@@ -133,7 +141,21 @@ def _slots(
     slots = 0 if room < 0 else min(count, int(room * gates.per_second) + 1)
     if slots:
         last = first + step * (slots - 1)
-    return (first - now).total_seconds(), last
+    return (first - now).total_seconds(), last, slots
+
+
+def slot_holds(gates: Gates, slot: datetime | None, now: datetime) -> bool | None:
+    """Whether a queued run's `slot` is its to run on now: True when it has come (a little
+    early is as good), False while it is ahead, None when there is none to hold (no slot, or
+    one missed by more than the bucket's window, `burst / per_second`: as a token unused that
+    long, it is lost, so that runs late together never run more than a burst at once)."""
+    assert gates.per_second is not None
+    if slot is None:
+        return None
+    ahead = (slot - now).total_seconds()
+    if ahead > SLOT_EARLY_SECONDS:
+        return False
+    return True if -ahead <= gates.burst / gates.per_second else None
 
 
 def parked(wait_seconds: float, message: int) -> float:
@@ -164,6 +186,7 @@ def admit(
     *,
     queue: bool = False,
     fresh: int = 0,
+    slotted: int = 0,
 ) -> tuple[Admission, Bucket | None, Breaker | None]:
     """How many of `wanted` messages may be claimed now, and the bucket and breaker as they
     stand after this claim took its share (None: the gate is not configured).
@@ -175,11 +198,14 @@ def admit(
 
     `queue` (runs already claimed, which wait if not admitted: a named destination's): each
     run not admitted gets the next free slot of the bucket's queue, one token after the last
-    one given, up to `QUEUE_HORIZON_SECONDS` ahead, so that a backlog comes due as its tokens
-    exist, each run once, instead of all of it again at the next token (issue 63: a 1/s
-    destination's 10,000 runs were claimed and deferred 130 times a second). While slots are
-    given out ahead, the `fresh` of `wanted` (asking for the first time) get no token: it is a
-    queued run's, and they queue behind.
+    one given, up to `QUEUE_HORIZON_SECONDS` ahead, and the slot's token is taken then (the
+    bucket goes below 0): a backlog comes due as its tokens exist, each run once (issue 63:
+    a 1/s destination's 10,000 runs were claimed and deferred 130 times a second). The
+    `slotted` of `wanted` are runs whose slot has come (`slot_holds`): they run on the token
+    their slot took, as the breaker allows, so a run claimed a little late, or after a
+    sibling, keeps its turn instead of queueing again at the end. While slots are given out
+    ahead, the `fresh` of `wanted` (asking for the first time) get no token: it is a queued
+    run's, and they queue behind.
     """
     allowed, wait, probe = wanted, 0.0, False
     state: BreakerState | None = None
@@ -206,28 +232,29 @@ def admit(
             if left <= 0:
                 return Admission(0, RESERVED_RECHECK_SECONDS, state), bucket, breaker
             allowed = min(wanted, left)
-    taken, slot, queued = 0, 0.0, False
+    taken, slot, queued, given, ran = 0, 0.0, False, 0, 0
     if gates.per_second is not None:
+        holding = min(slotted, wanted) if queue else 0
+        ran = min(holding, allowed)
         tokens = tokens_now(gates, bucket, now)
         last = bucket.queued_until if bucket is not None and queue else None
         queued = last is not None and last > now
-        eligible = max(0, allowed - fresh) if queued else allowed
-        # A queued run comes due when its token does: claimed a little late, it finds the
-        # token after it a little short, so it may borrow the rest (the bucket never owes a
-        # whole token). Else every other run lost its slot: 0.46/s of 1/s was measured.
-        whole = math.ceil(tokens) if queue and tokens > 0 else int(tokens)
-        taken = max(0, min(eligible, whole))
-        if queue and taken < wanted:
+        eligible = allowed - ran - (fresh if queued else 0)
+        taken = max(0, min(eligible, int(tokens)))
+        # The runs left with no token and no slot get the next free slots, and their tokens
+        # are taken now (those whose slot the breaker held back keep it).
+        waiting = wanted - holding - taken
+        if queue and waiting > 0:
             next_token = now + timedelta(seconds=token_wait(gates, tokens - taken))
-            slot, last = _slots(gates, now, next_token, last, wanted - taken)
+            slot, last, given = _slots(gates, now, next_token, last, waiting)
         kept = bucket.queued_until if bucket is not None and not queue else last
-        bucket = Bucket(tokens - taken, now, kept)
-        if taken == 0:
+        bucket = Bucket(tokens - taken - given, now, kept)
+        if taken + ran == 0:
             admission = Admission(0, token_wait(gates, tokens), state, slot_seconds=slot)
-            return replace(admission, queued=queued), bucket, breaker
-        if taken < wanted:
+            return replace(admission, queued=queued, slots=given), bucket, breaker
+        if taken + ran < wanted:
             wait = token_wait(gates, tokens - taken)
-        allowed = taken
+        allowed = taken + ran
     if breaker is not None and gates.breaker_failures is not None:
         if probe:
             breaker = replace(breaker, probing_until=now + timedelta(seconds=lease_seconds))
@@ -238,7 +265,9 @@ def admit(
                 reserved_until=now + timedelta(seconds=lease_seconds),
             )
     return (
-        Admission(allowed, wait, state, probe, 0 if probe else allowed, taken, slot, queued),
+        Admission(
+            allowed, wait, state, probe, 0 if probe else allowed, taken, slot, queued, given, ran
+        ),
         bucket,
         breaker,
     )

@@ -254,6 +254,9 @@ class DestinationRecord(InboxTable, table=True):
         sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
     )
     processed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    # Deferred by its rate limit: the slot of the destination's queue it holds, whose token was
+    # taken when it was given (0018); it runs on it when it comes (`core.flow.slot_holds`).
+    slot_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
 
 class ClaimRecord(InboxTable, table=True):

@@ -4,6 +4,7 @@ destination's part in `inbox_destinations`, in the batch's transaction or one of
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 import asyncpg
 import orjson
@@ -69,7 +70,8 @@ FINISH_ATTEMPTS = f"""
 # destination's processed mark commits with its effects. A deferred destination (its rate
 # limit or breaker held it) did not run: its row is made pending if it has none, so that the
 # message runs it when it comes due again, and it keeps its status and attempts otherwise; it
-# gets no attempt row.
+# gets no attempt row. `slot_at` is the slot of its rate limit's queue a deferred run holds
+# (0018): every outcome writes it, so a run that ran, or waits for anything else, has none.
 RECORD_DESTINATIONS = """
     WITH v AS (
         SELECT *
@@ -77,14 +79,15 @@ RECORD_DESTINATIONS = """
                    id bigint, attempt int, source text, destination text, status text,
                    last_error text, started_at timestamptz, finished_at timestamptz,
                    outcome text, error_type text, error text, traceback text,
-                   duration_ms float8, deferred boolean)
+                   duration_ms float8, deferred boolean, slot_at timestamptz)
          WHERE v.id = ANY($2::bigint[])
     ), marked AS (
         INSERT INTO inbox_destinations AS d (message_id, destination, source, status,
-                                             attempts, last_error, updated_at, processed_at)
+                                             attempts, last_error, updated_at, processed_at,
+                                             slot_at)
         SELECT id, destination, source, status, CASE WHEN deferred THEN 0 ELSE 1 END,
                last_error, clock_timestamp(),
-               CASE WHEN status = 'processed' THEN clock_timestamp() END
+               CASE WHEN status = 'processed' THEN clock_timestamp() END, slot_at
           FROM v
             ON CONFLICT (message_id, destination) DO UPDATE
            SET status = CASE WHEN excluded.attempts = 0 THEN d.status ELSE excluded.status END,
@@ -93,7 +96,8 @@ RECORD_DESTINATIONS = """
                                  THEN coalesce(d.last_error, excluded.last_error)
                                  ELSE excluded.last_error END,
                updated_at = excluded.updated_at,
-               processed_at = excluded.processed_at
+               processed_at = excluded.processed_at,
+               slot_at = excluded.slot_at
     )
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
                                 error_type, error, traceback, duration_ms, actor, destination)
@@ -103,9 +107,10 @@ RECORD_DESTINATIONS = """
      WHERE NOT v.deferred
 """
 
-# Where each of a batch's messages stands with the destinations that have run for it.
+# Where each of a batch's messages stands with the destinations that have run for it, and the
+# slot each deferred by its rate limit holds.
 LOAD_DESTINATIONS = """
-    SELECT message_id, destination, status
+    SELECT message_id, destination, status, slot_at
       FROM inbox_destinations
      WHERE message_id = ANY($1::bigint[])
 """
@@ -165,6 +170,7 @@ def destinations_document(results: Sequence[AttemptResult], sources: Mapping[int
                 "traceback": storable(d.traceback),
                 "duration_ms": d.duration_ms,
                 "deferred": d.deferred,
+                "slot_at": d.slot_at,
             }
             for r in results
             for d in r.destinations or ()
@@ -195,15 +201,20 @@ async def _finish(
 
 async def load_destinations(conn: AsyncConnection, rows: Sequence[MessageRow]) -> None:
     """Set each row's `destinations`: the named destinations that have run for it, and where
-    each stands. In the batch's transaction, which holds the rows locked."""
+    each stands, and its `destination_slots`. In the batch's transaction, which holds the rows
+    locked."""
     if not rows:
         return
     states: dict[int, dict[str, str]] = {row.id: {} for row in rows}
+    slots: dict[int, dict[str, datetime]] = {row.id: {} for row in rows}
     driver = await driver_of(conn)
     for record in await driver.fetch(LOAD_DESTINATIONS, list(states)):
         states[record[0]][record[1]] = record[2]
+        if record[3] is not None:
+            slots[record[0]][record[1]] = record[3]
     for row in rows:
         row.destinations = states[row.id]
+        row.destination_slots = slots[row.id]
 
 
 async def finish_attempts(

@@ -103,9 +103,11 @@ async def admit(
     *,
     queue: bool = False,
     fresh: int = 0,
+    slotted: int = 0,
 ) -> flow.Admission:
     """What may be claimed of gate `key` now (`core.flow.admit`), its share taken; `queue`:
-    the runs not admitted get their slots (deferred runs of a named destination)."""
+    the runs not admitted get their slots (deferred runs of a named destination), and the
+    `slotted` whose slot has come run on it."""
     async with translate_errors(), engine.begin() as conn:
         locked = await _lock(conn, key, gates)
         admission, bucket, breaker = flow.admit(
@@ -117,6 +119,7 @@ async def admit(
             lease_seconds,
             queue=queue,
             fresh=fresh,
+            slotted=slotted,
         )
         await _write(conn, key, bucket, breaker)
     return admission
@@ -124,14 +127,16 @@ async def admit(
 
 @dataclass(frozen=True)
 class Outcomes:
-    """What a claim admitted by `admission` came to: the messages it ran (`used`), and of its
-    forwards, those that failed as the breaker counts failures and those that succeeded."""
+    """What a claim admitted by `admission` came to: the messages it ran (`used`; of them,
+    `slotted` on their slot's token, not this admission's), and of its forwards, those that
+    failed as the breaker counts failures and those that succeeded."""
 
     admission: flow.Admission
     used: int
     failed: int = 0
     succeeded: int = 0
     error: str | None = None
+    slotted: int = 0
 
 
 async def settle(
@@ -140,7 +145,7 @@ async def settle(
     """Give back the tokens the claim did not use and count its forwards towards the breaker
     (`core.flow.record`); what changed the breaker, if anything."""
     admission = outcomes.admission
-    unused = admission.tokens - outcomes.used
+    unused = admission.tokens - (outcomes.used - outcomes.slotted)
     if unused <= 0 and gates.breaker_failures is None:
         return None
     async with translate_errors(), engine.begin() as conn:

@@ -1,10 +1,13 @@
 """A throttled destination's backlog costs about its rate, not its depth (issue 63): its runs
 are claimed once to be queued, then each once more when its token exists, while another
 source's messages drain beside it. (Before: every run held by the rate limit waited only for
-the next token and came due again, so a backlog was claimed and deferred over and over.)"""
+the next token and came due again, so a backlog was claimed and deferred over and over.) And
+a queued run claimed late still runs on its slot's token, so a slowed worker keeps the
+destination at its limit instead of sending late runs to the queue's end."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import asyncpg
@@ -77,6 +80,65 @@ async def test_a_throttled_backlog_is_claimed_at_its_rate_while_another_source_d
     assert (
         await db.fetchval("SELECT count(*) FROM inbox_attempts WHERE outcome <> 'processed'") == 0
     )
+    assert (
+        await db.fetchval("SELECT count(*) - count(DISTINCT (source, message_id)) FROM effects")
+        == 0
+    )
+
+
+# A 10/s destination's backlog beside a source whose handler blocks the worker's event loop
+# (BUSY messages a second arriving all along, each holding it BUSY_SECONDS, as a loaded machine
+# would), with four claim loops of two: the queued runs are claimed and admitted late, by
+# siblings, each in its own admission.
+FAST, FAST_BACKLOG, BUSY, BUSY_SECONDS = 10.0, 60, 6, 0.13
+FAST_DONE = (
+    "SELECT processed_at FROM inbox_destinations "
+    "WHERE destination = 'fast' AND status = 'processed' ORDER BY processed_at"
+)
+
+
+async def test_a_queued_run_claimed_late_keeps_its_slot_so_the_limit_is_used(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    fast = {"handlers": ["tests.handlers:record"], "rate_limit": f"{FAST:g}/s"}
+    config = {
+        "sources": {
+            "hooks": source(destinations={"fast": fast}),
+            "busy": source("tests.handlers:block_loop"),
+        }
+    }
+    await insert_messages(db, *(f"m-{i}" for i in range(FAST_BACKLOG)))
+    sent, done = 0, 0
+    async with worker_for(config, worker_batch_size=2, worker_concurrency=4):
+        started = time.monotonic()
+        deadline = started + FAST_BACKLOG / FAST * 6
+        while done < FAST_BACKLOG and time.monotonic() < deadline:
+            due = int((time.monotonic() - started) * BUSY) + 1
+            await db.executemany(
+                "INSERT INTO inbox_messages (source, message_id, body) VALUES ('busy', $1, $2)",
+                [(f"b-{i}", f'{{"sleep": {BUSY_SECONDS}}}'.encode()) for i in range(sent, due)],
+            )
+            await db.execute("NOTIFY webhook_inbox")
+            sent = max(sent, due)
+            done = len(await db.fetch(FAST_DONE))
+            await asyncio.sleep(1 / BUSY)
+        busy = await db.fetchval(
+            "SELECT count(*) FROM inbox_messages WHERE source = 'busy' AND status = 'processed'"
+        )
+    times = [r["processed_at"] for r in await db.fetch(FAST_DONE)]
+    assert len(times) == FAST_BACKLOG, f"{len(times)} of the backlog ran in time"
+    # After the first second's burst: one run a token, had no slot been lost.
+    after_burst = times[int(FAST) :]
+    span = (after_burst[-1] - after_burst[0]).total_seconds()
+    rate = (len(after_burst) - 1) / span
+    print(f"the 10/s destination ran at {rate:.1f}/s beside {busy} of {sent} busy messages")
+    assert busy > BUSY * span / 2, "the busy source did not keep the worker busy"
+    assert FAST * 0.7 <= rate <= FAST * 1.2, rate
+    # Each run once, with its one attempt; the waits spent none.
+    rows = await db.fetch(
+        "SELECT status, attempts, count(*) AS n FROM inbox_destinations GROUP BY 1, 2"
+    )
+    assert {(r["status"], r["attempts"], r["n"]) for r in rows} == {("processed", 1, FAST_BACKLOG)}
     assert (
         await db.fetchval("SELECT count(*) - count(DISTINCT (source, message_id)) FROM effects")
         == 0
