@@ -11,6 +11,7 @@ import pytest
 from service.core.flow import (
     QUEUE_HORIZON_SECONDS,
     SLOT_EARLY_SECONDS,
+    SLOT_LATE_SECONDS,
     Breaker,
     BreakerState,
     Bucket,
@@ -105,15 +106,17 @@ def test_a_run_whose_slot_has_come_runs_on_its_token_and_the_others_queue_behind
     assert own.allowed == 0
 
 
-def test_a_slot_holds_from_just_before_it_to_the_buckets_window_after_it() -> None:
-    slow = Gates(per_second=0.5, burst=1.0)  # a window of 2 s
-    assert slot_holds(slow, None, T0) is None
-    assert slot_holds(slow, at(1.0), T0) is False  # ahead: the run waits for it
-    assert slot_holds(slow, at(SLOT_EARLY_SECONDS), T0) is True
-    assert slot_holds(slow, at(-2.0), T0) is True
-    # Missed by more: the token is lost, as a bucket's unused past its burst, and the run
-    # asks again (else runs late together would run more than a burst at once).
-    assert slot_holds(slow, at(-2.01), T0) is None
+def test_a_slot_holds_from_just_before_it_to_a_while_after_it() -> None:
+    slow = Gates(per_second=0.1, burst=1.0)  # a window of 10 s
+    assert slot_holds(LIMITED, None, T0) is None
+    assert slot_holds(LIMITED, at(1.0), T0) is False  # ahead: the run waits for it
+    assert slot_holds(LIMITED, at(SLOT_EARLY_SECONDS), T0) is True
+    assert slot_holds(LIMITED, at(-SLOT_LATE_SECONDS), T0) is True  # a stalled worker's
+    # Missed by more: its token is lost, and the run asks again (else a paused source's
+    # queue would all run at once when it resumes).
+    assert slot_holds(LIMITED, at(-SLOT_LATE_SECONDS - 0.01), T0) is None
+    assert slot_holds(slow, at(-10.0), T0) is True  # a slow limit's: its bucket's window
+    assert slot_holds(slow, at(-10.01), T0) is None
 
 
 def test_the_breaker_caps_the_runs_on_their_slots_and_those_it_holds_keep_them() -> None:
