@@ -266,6 +266,9 @@ class DestinationRecord(InboxTable, table=True):
     budget_start: int = Field(
         default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
     )
+    # Deferred by its rate limit: the slot of the destination's queue it holds, whose token was
+    # taken when it was given (0020); it runs on it when it comes (`core.flow.slot_holds`).
+    slot_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
 
 class ClaimRecord(InboxTable, table=True):
@@ -351,7 +354,8 @@ class RejectedDelivery(InboxTable, table=True):
 class RateBucket(InboxTable, table=True):
     """`inbox_rate_limits`: each rate-limited source's token bucket, shared by every process
     on the database (0013): a claim takes tokens, one a message, refilled at the source's rate
-    up to its burst."""
+    up to its burst; and a named destination's queue, the last slot given to a run deferred
+    for want of a token (0020)."""
 
     __tablename__ = "inbox_rate_limits"
     __table_args__ = CHURNING_TABLE_OPTIONS
@@ -361,6 +365,9 @@ class RateBucket(InboxTable, table=True):
     refilled_at: datetime | None = Field(
         default=None,
         sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    queued_until: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
 
 

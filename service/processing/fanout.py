@@ -84,6 +84,7 @@ def deferred_result(
         error=deferral.reason,
         delay_seconds=deferral.wait_seconds,
         deferred=True,
+        slot_at=deferral.slot_at,
     )
 
 

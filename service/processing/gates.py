@@ -9,6 +9,13 @@ the message's other destinations are not held. One `DestinationGates` serves a b
 reruns (an optimistic batch rolled back and run again isolated), so an admission is asked for
 once per (message, destination); `settle` returns what was taken and not used, and counts the
 forwards' outcomes.
+
+A run held by its rate limit is given a slot in the destination's queue (`core.flow.admit`,
+`queue`): the backlog of a slow destination comes due one token apart, each run once, so it
+costs the database and the worker's claims about its rate, not its depth, and a run that
+reaches the destination for the first time queues behind those already waiting. The slot is
+the run's (`inbox_destinations.slot_at`, its token taken when it was given): when it comes,
+the run runs on it, asking the breaker only; claimed before it, it waits for it again.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -67,10 +75,12 @@ def probe_failed(
 
 @dataclass(frozen=True)
 class Deferral:
-    """A run that may not start now: how long it waits, and why."""
+    """A run that may not start now: how long it waits, and why; `slot_at`: the slot in its
+    destination's queue it holds (its token taken), if it has one."""
 
     wait_seconds: float
     reason: str
+    slot_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -101,8 +111,11 @@ class _Gate:
     """One destination's admission in this batch, and what its runs came to."""
 
     admission: rules.Admission
-    left: int
+    left: int  # runs on a token of this admission
+    slotted_left: int  # runs on their slot's token
+    at: datetime  # when it was answered (the worker's clock, as the slots it gives)
     used: int = 0
+    used_slotted: int = 0
     deferred: int = 0
     failed: int = 0
     succeeded: int = 0
@@ -118,6 +131,11 @@ class DestinationGates:
     # Runs still to be asked for, per (source, destination): what a gate is asked for at
     # once, so that a batch costs a round trip per destination, not per run.
     expected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Of those, the runs that never asked before (no state row): they queue behind the others;
+    # and the runs whose slot has come (`core.flow.slot_holds`, as judged when expected).
+    fresh: Counter[tuple[str, str]] = field(default_factory=Counter)
+    slotted: Counter[tuple[str, str]] = field(default_factory=Counter)
+    holds: dict[tuple[int, str], bool | None] = field(default_factory=dict)
     answers: dict[tuple[int, str], Deferral | None] = field(default_factory=dict)
     gates: dict[tuple[str, str], _Gate] = field(default_factory=dict)
     changes: list[BreakerChange] = field(default_factory=list)
@@ -130,7 +148,26 @@ class DestinationGates:
         """Count the gated runs of `row` the batch will ask for (its due destinations)."""
         for destination in destinations:
             if destination.gated and (row.id, destination.name) not in self.answers:
-                self.expected[(row.source, destination.name)] += 1
+                key = (row.source, destination.name)
+                holds = self._holds(row, destination)
+                if holds is False:
+                    continue  # it waits for its slot, asking nothing
+                self.expected[key] += 1
+                if holds:
+                    self.slotted[key] += 1
+                elif destination.name not in (row.destinations or {}):
+                    self.fresh[key] += 1
+
+    def _holds(self, row: MessageRow, destination: Destination) -> bool | None:
+        """Whether the run's slot has come (True), is ahead (False), or it has none to hold;
+        judged once, so that the run is counted and admitted alike."""
+        memo = (row.id, destination.name)
+        if memo not in self.holds:
+            slot = (row.destination_slots or {}).get(destination.name)
+            limit = destination.gates if destination.rate_limit is not None else None
+            now = datetime.now(UTC)
+            self.holds[memo] = None if limit is None else rules.slot_holds(limit, slot, now)
+        return self.holds[memo]
 
     async def admit(self, row: MessageRow, destination: Destination) -> Deferral | None:
         """None: run `destination` for `row` now; else how long it waits, and why."""
@@ -138,6 +175,14 @@ class DestinationGates:
         if memo in self.answers:
             return self.answers[memo]
         key = (row.source, destination.name)
+        holds = self._holds(row, destination)
+        if holds is False:
+            # Claimed before its slot (with another destination of its message): it waits.
+            slot = (row.destination_slots or {})[destination.name]
+            wait = max(0.0, (slot - datetime.now(UTC)).total_seconds())
+            ahead = self.answers[memo] = Deferral(wait, RATE_LIMITED, slot)
+            self.next_due = min(wait, self.next_due or wait)
+            return ahead
         # Asked once a batch, for every run expected (`expect`): the forwards of a batch go
         # out at once, so no outcome is known before the last run is admitted, and a second
         # ask would let a breaker admit more calls than failures it has left. Runs past the
@@ -146,12 +191,23 @@ class DestinationGates:
             gate = self.gates.get(key) or await self._ask(key, destination)
         if self.expected[key] > 0:
             self.expected[key] -= 1
+        if holds and self.slotted[key] > 0:
+            self.slotted[key] -= 1
         answer = None
-        if gate.left > 0:
+        # While runs are queued ahead, a token is theirs: a first run queues behind them.
+        first_ask = destination.name not in (row.destinations or {})
+        if holds and gate.slotted_left > 0:
+            gate.slotted_left -= 1
+            gate.used += 1
+            gate.used_slotted += 1
+        elif holds:
+            answer = self._slot_held(gate, (row.destination_slots or {})[destination.name])
+        elif gate.left > 0 and not (first_ask and gate.admission.queued):
             gate.left -= 1
             gate.used += 1
         else:
-            answer = self._deferral(gate, destination)
+            answer = self._deferral(gate, destination, row.id)
+        if answer is not None:
             self.next_due = min(answer.wait_seconds, self.next_due or answer.wait_seconds)
         self.answers[memo] = answer
         return answer
@@ -159,14 +215,30 @@ class DestinationGates:
     async def _ask(self, key: tuple[str, str], destination: Destination) -> _Gate:
         wanted = max(1, self.expected[key])
         lease = 5.0 + (destination.forward.timeout_seconds * wanted if destination.forward else 0)
-        admission = await flow.admit(self.engine, gate_key(*key), destination.gates, wanted, lease)
-        self.gates[key] = _Gate(admission, admission.allowed)
+        limit = destination.rate_limit
+        admission = await flow.admit(
+            self.engine,
+            gate_key(*key),
+            destination.gates,
+            wanted,
+            lease,
+            queue=limit is not None,
+            fresh=min(wanted, self.fresh[key]),
+            slotted=min(wanted, self.slotted[key]),
+        )
+        ran = admission.slotted
+        self.gates[key] = _Gate(admission, admission.allowed - ran, ran, datetime.now(UTC))
+        if limit is not None and (admission.queued or admission.slot_seconds):
+            # Runs wait in its queue: look again when the next of them may be due.
+            wait = min(rules.QUEUE_RECHECK_SECONDS, 1 / limit.per_second)
+            self.next_due = min(wait, self.next_due or wait)
         return self.gates[key]
 
     @staticmethod
-    def _deferral(gate: _Gate, destination: Destination) -> Deferral:
-        """Over what its gates allow now: each deferred run waits its turn, as a bucket
-        refills, so that a backlog's runs come due one token apart instead of all at once."""
+    def _deferral(gate: _Gate, destination: Destination, message: int) -> Deferral:
+        """Over what its gates allow now: each deferred run waits for its slot in the
+        destination's queue (the admission's first, then one token apart), so that a
+        backlog's runs come due one token apart, each once, instead of all at once."""
         gate.deferred += 1
         admission = gate.admission
         limit = destination.rate_limit
@@ -175,8 +247,24 @@ class DestinationGates:
             return Deferral(recheck, CIRCUIT_OPEN)
         if limit is None:
             return Deferral(recheck, IN_FLIGHT)
-        first = admission.wait_seconds or 1 / limit.per_second
-        return Deferral(first + (gate.deferred - 1) / limit.per_second, RATE_LIMITED)
+        first = admission.slot_seconds or admission.wait_seconds or 1 / limit.per_second
+        wait = first + (gate.deferred - 1) / limit.per_second
+        # The slots the admission gave (their tokens taken); a run past them (the horizon,
+        # or more runs than the batch expected) has none and asks again when it comes due.
+        slot = gate.at + timedelta(seconds=wait) if gate.deferred <= admission.slots else None
+        return Deferral(rules.parked(wait, message), RATE_LIMITED, slot)
+
+    @staticmethod
+    def _slot_held(gate: _Gate, slot: datetime) -> Deferral:
+        """A run whose slot has come, held back by its breaker: open, it waits for the next
+        probe and its slot is lost (its token with it); closed (the failures it allows are
+        held by calls in flight), it keeps its slot and looks again soon."""
+        admission = gate.admission
+        if admission.breaker not in (None, rules.BreakerState.CLOSED):
+            return Deferral(admission.wait_seconds or rules.PROBE_RECHECK_SECONDS, CIRCUIT_OPEN)
+        # (No breaker: a run the batch did not expect, past the admission's answer.)
+        reason = RATE_LIMITED if admission.breaker is None else IN_FLIGHT
+        return Deferral(rules.RESERVED_RECHECK_SECONDS, reason, slot)
 
     def forwarded(
         self,
@@ -223,7 +311,9 @@ class DestinationGates:
             closed = gate.admission.breaker in (None, rules.BreakerState.CLOSED)
             if gate.deferred and closed:
                 self.waited[key] = gate.admission.wait_seconds
-        outcomes = flow.Outcomes(gate.admission, gate.used, gate.failed, gate.succeeded, gate.error)
+        outcomes = flow.Outcomes(
+            gate.admission, gate.used, gate.failed, gate.succeeded, gate.error, gate.used_slotted
+        )
         change = await flow.settle(self.engine, gate_key(*key), destination.gates, outcomes)
         if change is not None:
             self.changes.append(

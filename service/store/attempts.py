@@ -4,6 +4,7 @@ destination's part in `inbox_destinations`, in the batch's transaction or one of
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 import asyncpg
 import orjson
@@ -69,7 +70,8 @@ FINISH_ATTEMPTS = f"""
 # destination's processed mark commits with its effects. A deferred destination (its rate
 # limit or breaker held it) did not run: its row is made pending if it has none, so that the
 # message runs it when it comes due again, and it keeps its status and attempts otherwise; it
-# gets no attempt row.
+# gets no attempt row. `slot_at` is the slot of its rate limit's queue a deferred run holds
+# (0020): every outcome writes it, so a run that ran, or waits for anything else, has none.
 RECORD_DESTINATIONS = """
     WITH v AS (
         SELECT *
@@ -77,14 +79,15 @@ RECORD_DESTINATIONS = """
                    id bigint, attempt int, source text, destination text, status text,
                    last_error text, started_at timestamptz, finished_at timestamptz,
                    outcome text, error_type text, error text, traceback text,
-                   duration_ms float8, deferred boolean)
+                   duration_ms float8, deferred boolean, slot_at timestamptz)
          WHERE v.id = ANY($2::bigint[])
     ), marked AS (
         INSERT INTO inbox_destinations AS d (message_id, destination, source, status,
-                                             attempts, last_error, updated_at, processed_at)
+                                             attempts, last_error, updated_at, processed_at,
+                                             slot_at)
         SELECT id, destination, source, status, CASE WHEN deferred THEN 0 ELSE 1 END,
                last_error, clock_timestamp(),
-               CASE WHEN status = 'processed' THEN clock_timestamp() END
+               CASE WHEN status = 'processed' THEN clock_timestamp() END, slot_at
           FROM v
             ON CONFLICT (message_id, destination) DO UPDATE
            SET status = CASE WHEN excluded.attempts = 0 THEN d.status ELSE excluded.status END,
@@ -93,7 +96,8 @@ RECORD_DESTINATIONS = """
                                  THEN coalesce(d.last_error, excluded.last_error)
                                  ELSE excluded.last_error END,
                updated_at = excluded.updated_at,
-               processed_at = excluded.processed_at
+               processed_at = excluded.processed_at,
+               slot_at = excluded.slot_at
     )
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
                                 error_type, error, traceback, duration_ms, actor, destination)
@@ -103,10 +107,11 @@ RECORD_DESTINATIONS = """
      WHERE NOT v.deferred
 """
 
-# Where each of a batch's messages stands with the destinations that have run for it, and
-# the attempts each has made, in all and before its budget began (0018).
+# Where each of a batch's messages stands with the destinations that have run for it: the
+# attempts each has made, in all and before its budget began (0018), and the slot each
+# deferred by its rate limit holds (0020).
 LOAD_DESTINATIONS = """
-    SELECT message_id, destination, status, attempts, budget_start
+    SELECT message_id, destination, status, attempts, budget_start, slot_at
       FROM inbox_destinations
      WHERE message_id = ANY($1::bigint[])
 """
@@ -166,6 +171,7 @@ def destinations_document(results: Sequence[AttemptResult], sources: Mapping[int
                 "traceback": storable(d.traceback),
                 "duration_ms": d.duration_ms,
                 "deferred": d.deferred,
+                "slot_at": d.slot_at,
             }
             for r in results
             for d in r.destinations or ()
@@ -195,20 +201,24 @@ async def _finish(
 
 
 async def load_destinations(conn: AsyncConnection, rows: Sequence[MessageRow]) -> None:
-    """Set each row's `destinations` and `destination_attempts`: the named destinations that
-    have run for it, where each stands and the attempts it has made. In the batch's
-    transaction, which holds the rows locked."""
+    """Set each row's `destinations`, `destination_attempts` and `destination_slots`: the
+    named destinations that have run for it, where each stands, the attempts it has made and
+    the slot it holds. In the batch's transaction, which holds the rows locked."""
     if not rows:
         return
     states: dict[int, dict[str, str]] = {row.id: {} for row in rows}
     attempts: dict[int, dict[str, DestinationAttempts]] = {row.id: {} for row in rows}
+    slots: dict[int, dict[str, datetime]] = {row.id: {} for row in rows}
     driver = await driver_of(conn)
     for record in await driver.fetch(LOAD_DESTINATIONS, list(states)):
         states[record[0]][record[1]] = record[2]
         attempts[record[0]][record[1]] = DestinationAttempts(record[3], record[4])
+        if record[5] is not None:
+            slots[record[0]][record[1]] = record[5]
     for row in rows:
         row.destinations = states[row.id]
         row.destination_attempts = attempts[row.id]
+        row.destination_slots = slots[row.id]
 
 
 async def finish_attempts(

@@ -29,7 +29,7 @@ def gate_key(source: str, destination: str | None = None) -> str:
 # Both rows locked for the transaction, with the database's clock; a gate never used has no
 # row yet (its bucket is full, its breaker closed) and gets one when it is written.
 LOCK_BUCKET = text(
-    "SELECT tokens, refilled_at FROM inbox_rate_limits WHERE source = :key FOR UPDATE"
+    "SELECT tokens, refilled_at, queued_until FROM inbox_rate_limits WHERE source = :key FOR UPDATE"
 )
 LOCK_BREAKER = text(
     "SELECT failures, open_until, opened_at, probing_until, reserved, reserved_until, "
@@ -47,7 +47,8 @@ ENSURE = text(
 )
 NOW = text("SELECT clock_timestamp()")
 WRITE_BUCKET = text(
-    "UPDATE inbox_rate_limits SET tokens = :tokens, refilled_at = :refilled_at WHERE source = :key"
+    "UPDATE inbox_rate_limits SET tokens = :tokens, refilled_at = :refilled_at, "
+    "queued_until = :queued_until WHERE source = :key"
 )
 WRITE_BREAKER = text(
     """
@@ -77,7 +78,7 @@ async def _lock(conn: AsyncConnection, key: str, gates: flow.Gates) -> Locked:
     bucket = breaker = None
     if has_bucket:
         row = (await conn.execute(LOCK_BUCKET, {"key": key})).one()
-        bucket = flow.Bucket(float(row.tokens), row.refilled_at)
+        bucket = flow.Bucket(float(row.tokens), row.refilled_at, row.queued_until)
     if has_breaker:
         row = (await conn.execute(LOCK_BREAKER, {"key": key})).one()
         breaker = flow.Breaker(**row._mapping)
@@ -88,21 +89,37 @@ async def _write(
     conn: AsyncConnection, key: str, bucket: flow.Bucket | None, breaker: flow.Breaker | None
 ) -> None:
     if bucket is not None:
-        await conn.execute(
-            WRITE_BUCKET, {"key": key, "tokens": bucket.tokens, "refilled_at": bucket.refilled_at}
-        )
+        await conn.execute(WRITE_BUCKET, {"key": key, **bucket.__dict__})
     if breaker is not None:
         await conn.execute(WRITE_BREAKER, {"key": key, **breaker.__dict__})
 
 
 async def admit(
-    engine: AsyncEngine, key: str, gates: flow.Gates, wanted: int, lease_seconds: float
+    engine: AsyncEngine,
+    key: str,
+    gates: flow.Gates,
+    wanted: int,
+    lease_seconds: float,
+    *,
+    queue: bool = False,
+    fresh: int = 0,
+    slotted: int = 0,
 ) -> flow.Admission:
-    """What may be claimed of gate `key` now (`core.flow.admit`), its share taken."""
+    """What may be claimed of gate `key` now (`core.flow.admit`), its share taken; `queue`:
+    the runs not admitted get their slots (deferred runs of a named destination), and the
+    `slotted` whose slot has come run on it."""
     async with translate_errors(), engine.begin() as conn:
         locked = await _lock(conn, key, gates)
         admission, bucket, breaker = flow.admit(
-            gates, locked.bucket, locked.breaker, locked.now, wanted, lease_seconds
+            gates,
+            locked.bucket,
+            locked.breaker,
+            locked.now,
+            wanted,
+            lease_seconds,
+            queue=queue,
+            fresh=fresh,
+            slotted=slotted,
         )
         await _write(conn, key, bucket, breaker)
     return admission
@@ -110,14 +127,16 @@ async def admit(
 
 @dataclass(frozen=True)
 class Outcomes:
-    """What a claim admitted by `admission` came to: the messages it ran (`used`), and of its
-    forwards, those that failed as the breaker counts failures and those that succeeded."""
+    """What a claim admitted by `admission` came to: the messages it ran (`used`; of them,
+    `slotted` on their slot's token, not this admission's), and of its forwards, those that
+    failed as the breaker counts failures and those that succeeded."""
 
     admission: flow.Admission
     used: int
     failed: int = 0
     succeeded: int = 0
     error: str | None = None
+    slotted: int = 0
 
 
 async def settle(
@@ -126,7 +145,7 @@ async def settle(
     """Give back the tokens the claim did not use and count its forwards towards the breaker
     (`core.flow.record`); what changed the breaker, if anything."""
     admission = outcomes.admission
-    unused = admission.tokens - outcomes.used
+    unused = admission.tokens - (outcomes.used - outcomes.slotted)
     if unused <= 0 and gates.breaker_failures is None:
         return None
     async with translate_errors(), engine.begin() as conn:
@@ -149,7 +168,7 @@ async def settle(
     return change
 
 
-BUCKETS = text("SELECT source AS key, tokens, refilled_at FROM inbox_rate_limits")
+BUCKETS = text("SELECT source AS key, tokens, refilled_at, queued_until FROM inbox_rate_limits")
 BREAKERS = text(
     "SELECT source AS key, failures, open_until, opened_at, probing_until, reserved, "
     "reserved_until, last_error FROM inbox_breakers"
@@ -170,7 +189,8 @@ async def snapshot(engine: AsyncEngine) -> Snapshot:
     derive what `core.flow` derives (`breaker_state`, `tokens_now`) on the same clock."""
     async with translate_errors(), engine.connect() as conn:
         buckets = {
-            r.key: flow.Bucket(float(r.tokens), r.refilled_at) for r in await conn.execute(BUCKETS)
+            r.key: flow.Bucket(float(r.tokens), r.refilled_at, r.queued_until)
+            for r in await conn.execute(BUCKETS)
         }
         breakers = {
             r.key: flow.Breaker(**{k: v for k, v in r._mapping.items() if k != "key"})

@@ -56,6 +56,8 @@ class MessageRow:
     destinations: dict[str, str] | None = None
     # And the attempts each has made: its own budget (`DestinationAttempts`).
     destination_attempts: dict[str, DestinationAttempts] | None = None
+    # Of those deferred by a rate limit, the slot each holds in its queue (`load_destinations`).
+    destination_slots: dict[str, datetime] | None = None
     # Its source's ordering key's value (None: it has none), and its status when claimed
     # (what it returns to when its run is deferred, `processing.ordering`).
     ordering_key: str | None = None
@@ -78,6 +80,9 @@ class DestinationResult:
     # It did not run: its rate limit or circuit breaker held it (`processing.gates`). It
     # stays pending (or retrying), no attempt spent, due again after `delay_seconds`.
     deferred: bool = False
+    # Deferred to a slot of its rate limit's queue, whose token it holds (`processing.gates`);
+    # None clears the one it had (it ran, or waits for something else).
+    slot_at: datetime | None = None
     # Deferred by the endpoint's own answer (a 429 or 503 with `Retry-After`,
     # `processing.forward`), not by a gate: the answer is its error, shown as last_error.
     retry_after: bool = False

@@ -9,6 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.core.flow import (
+    QUEUE_HORIZON_SECONDS,
+    SLOT_EARLY_SECONDS,
+    SLOT_LATE_SECONDS,
     Breaker,
     BreakerState,
     Bucket,
@@ -17,7 +20,9 @@ from service.core.flow import (
     admit,
     breaker_state,
     give_back,
+    parked,
     record,
+    slot_holds,
     tokens_now,
 )
 
@@ -49,6 +54,104 @@ def test_an_empty_bucket_admits_nothing_and_says_when_the_next_token_is_due() ->
     assert admission.allowed == 0
     assert admission.wait_seconds == pytest.approx(0.075)
     assert bucket == Bucket(0.25, T0)  # nothing taken
+
+
+def test_runs_held_back_get_the_next_free_slots_of_the_queue_one_token_apart() -> None:
+    # A 10/s destination: 3 tokens now, 10 runs asking; the other 7 queue from the 4th token.
+    admission, bucket, _ = admit(LIMITED, Bucket(3.0, T0), None, T0, 10, LEASE, queue=True)
+    assert (admission.allowed, admission.slot_seconds, admission.slots) == (
+        3,
+        pytest.approx(0.1),
+        7,
+    )
+    # The 7th slot: 0.1 + 6 tokens later; the slots' tokens are taken now, the bucket owes 7.
+    assert bucket == Bucket(-7.0, T0, at(0.7))
+    # A second claim at once: its runs come due after those, not with them.
+    second, bucket, _ = admit(LIMITED, bucket, None, T0, 5, LEASE, queue=True)
+    assert (second.allowed, second.slot_seconds, second.queued) == (0, pytest.approx(0.8), True)
+    assert bucket is not None
+    assert bucket.queued_until == at(1.2)
+    assert bucket.tokens == pytest.approx(-12.0)
+    # At 0.75 s the bucket has repaid 7.5: no token for a run without a slot until 1.3 s.
+    late, _, _ = admit(LIMITED, bucket, None, at(0.75), 1, LEASE, queue=True)
+    assert (late.allowed, late.slot_seconds) == (0, pytest.approx(0.55))
+
+
+def test_while_runs_are_queued_a_run_asking_first_gets_no_token() -> None:
+    queued = Bucket(0.0, T0, at(2.0))
+    # At 0.5 s: 5 tokens (a limit raised since the queue was given out); of 8 runs, 6 ask for
+    # the first time and 2 asked before and hold no slot (they were past the horizon).
+    admission, bucket, _ = admit(LIMITED, queued, None, at(0.5), 8, LEASE, queue=True, fresh=6)
+    assert (admission.allowed, admission.queued) == (2, True)
+    assert admission.slot_seconds == pytest.approx(1.6)  # after the last slot given, 2.0 s
+    assert bucket is not None
+    assert bucket.queued_until == at(2.6)
+    # Once the queue has come due, the tokens are anyone's again.
+    later, _, _ = admit(LIMITED, queued, None, at(3.0), 8, LEASE, queue=True, fresh=6)
+    assert (later.allowed, later.queued) == (8, False)
+
+
+def test_a_run_whose_slot_has_come_runs_on_its_token_and_the_others_queue_behind() -> None:
+    # The bucket owes 7 (slots given up to 0.7 s); at 0.1 s the first slot has come: it runs
+    # with no token taken, claimed late or early by a little; the run without one queues.
+    owing = Bucket(-7.0, T0, at(0.7))
+    admission, bucket, _ = admit(
+        LIMITED, owing, None, at(0.1), 2, LEASE, queue=True, fresh=1, slotted=1
+    )
+    assert (admission.allowed, admission.slotted, admission.tokens) == (1, 1, 0)
+    assert (admission.slots, admission.slot_seconds) == (1, pytest.approx(0.7))
+    assert bucket == Bucket(-7.0, at(0.1), at(0.8))
+    # A source's own claim (no queue) has no slots: it takes whole tokens only.
+    own, _, _ = admit(LIMITED, Bucket(0.75, T0), None, T0, 2, LEASE, slotted=2)
+    assert own.allowed == 0
+
+
+def test_a_slot_holds_from_just_before_it_to_a_while_after_it() -> None:
+    slow = Gates(per_second=0.1, burst=1.0)  # a window of 10 s
+    assert slot_holds(LIMITED, None, T0) is None
+    assert slot_holds(LIMITED, at(1.0), T0) is False  # ahead: the run waits for it
+    assert slot_holds(LIMITED, at(SLOT_EARLY_SECONDS), T0) is True
+    assert slot_holds(LIMITED, at(-SLOT_LATE_SECONDS), T0) is True  # a stalled worker's
+    # Missed by more: its token is lost, and the run asks again (else a paused source's
+    # queue would all run at once when it resumes).
+    assert slot_holds(LIMITED, at(-SLOT_LATE_SECONDS - 0.01), T0) is None
+    assert slot_holds(slow, at(-10.0), T0) is True  # a slow limit's: its bucket's window
+    assert slot_holds(slow, at(-10.01), T0) is None
+
+
+def test_the_breaker_caps_the_runs_on_their_slots_and_those_it_holds_keep_them() -> None:
+    admission, bucket, breaker = admit(
+        BOTH, Bucket(-5.0, T0, at(0.5)), Breaker(failures=1), T0, 4, LEASE, queue=True, slotted=3
+    )
+    # Two failures left: two of the three slotted runs; the third keeps its slot, and the run
+    # without one gets the next.
+    assert (admission.allowed, admission.slotted, admission.reserved) == (2, 2, 2)
+    assert (admission.tokens, admission.slots) == (0, 1)
+    assert bucket == Bucket(-6.0, T0, at(0.6))
+    assert breaker is not None
+    assert breaker.reserved == 2
+    opened = Breaker(failures=3, open_until=at(5.0), opened_at=T0)
+    shut, _, _ = admit(BOTH, Bucket(-5.0, T0), opened, T0, 4, LEASE, queue=True, slotted=3)
+    assert (shut.allowed, shut.breaker) == (0, BreakerState.OPEN)
+
+
+def test_a_queue_gives_slots_up_to_its_horizon_and_the_rest_look_again_after_it() -> None:
+    slow = Gates(per_second=1.0, burst=1.0)
+    admission, bucket, _ = admit(slow, Bucket(0.0, T0), None, T0, 10_000, LEASE, queue=True)
+    assert admission.slot_seconds == pytest.approx(1.0)
+    assert bucket is not None
+    assert bucket.queued_until == at(QUEUE_HORIZON_SECONDS)  # slots 1 s apart, 1 s to 600 s
+    assert (admission.slots, bucket.tokens) == (600, -600.0)
+    assert parked(599.0, 7) == 599.0
+    assert parked(601.0, 7) == QUEUE_HORIZON_SECONDS + 7
+    assert parked(9_999.0, 1_207) == QUEUE_HORIZON_SECONDS + 7
+
+
+def test_a_claim_that_queues_nothing_keeps_the_queue() -> None:
+    queued = Bucket(5.0, T0, at(2.0))
+    _, bucket, _ = admit(LIMITED, queued, None, T0, 100, LEASE)  # a source's own claim
+    assert bucket is not None
+    assert bucket.queued_until == at(2.0)
 
 
 @pytest.mark.parametrize(

@@ -373,7 +373,8 @@ class RateLimitStats(BaseModel):
     )
     tokens: float = Field(
         description="Messages that may be claimed at once now (the shared bucket, refilled at "
-        "the limit up to one second's worth)."
+        "the limit up to one second's worth); below 0 by the tokens promised to a destination's "
+        "queued runs (each slot's token is taken when the slot is given)."
     )
     wait_seconds: float = Field(
         description="How long a message over the limit waits for the next token now; 0 when "
