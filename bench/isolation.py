@@ -131,6 +131,25 @@ async def wait_for(url: str, query: str, done: Any, timeout: float) -> None:
         await conn.close()
 
 
+async def settled(url: str, query: str, timeout: float = 20.0) -> Any:
+    """`query`'s counter once it moves by a few a second at most (a's one run a second): the
+    statistics views count what other backends did up to 10 s late, so a counter read at once
+    would put what came before (a's backlog being queued) into the window measured after."""
+    conn = await asyncpg.connect(url)
+    try:
+        deadline = time.monotonic() + timeout
+        value = await conn.fetchval(query)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(2.0)
+            now = await conn.fetchval(query)
+            if now - value <= 6:
+                return now
+            value = now
+        return value
+    finally:
+        await conn.close()
+
+
 async def b_facts(url: str, prefix: str) -> dict[str, Any]:
     """b's messages of `prefix`: processed, effects, and the span from the first accepted to
     the last processed."""
@@ -168,9 +187,9 @@ def cell(
             asyncio.run(insert(url, "a", "a-", args.backlog))
             asyncio.run(wait_for(url, QUEUED, args.backlog, timeout=300))
             facts["queued_in_s"] = round(time.monotonic() - started, 1)
+        a_before = asyncio.run(settled(url, A_CLAIMS))
         slow_before = asyncio.run(fetchval(url, SLOW_DONE))
         claims_before, at = asyncio.run(fetchval(url, CLAIMS)), time.monotonic()
-        a_before = asyncio.run(fetchval(url, A_CLAIMS))
         load_before = os.getloadavg()[0]
         committed = asyncio.run(insert(url, "b", "drain-", args.drain))
         asyncio.run(wait_for(url, B_LEFT, False, timeout=300))
