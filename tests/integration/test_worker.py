@@ -540,7 +540,6 @@ async def test_while_deliveries_arrive_the_worker_runs_fewer_claim_loops(
     processed = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
     sent = 0
     async with worker_for(cfg, **settings) as client:
-        arriving = asyncio.Event()
         stop_sending = asyncio.Event()
 
         async def send() -> None:
@@ -548,12 +547,15 @@ async def test_while_deliveries_arrive_the_worker_runs_fewer_claim_loops(
             while not stop_sending.is_set():
                 await client.post("/webhooks/hooks", content=b"{}", headers=delivery(f"d{sent}"))
                 sent += 1
-                arriving.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop_sending.wait(), 0.05)
 
         sender = asyncio.create_task(send())
-        await arriving.wait()
+        # The worker has heard deliveries arrive: it ran the first few, each announced by its
+        # NOTIFY (a look of the poller's before the first NOTIFY could still use every loop).
+        await wait_until(
+            db, "SELECT count(*) >= 5 FROM inbox_messages WHERE status = 'processed'", True
+        )
         handlers.overlap["most"] = 0
         # A backlog of four batches lands while deliveries keep arriving.
         await insert_messages(db, *(f"a{i}" for i in range(400)))
