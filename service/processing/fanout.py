@@ -25,9 +25,7 @@ from service.processing.runner import BatchDeadline, attempt_handlers, inbox_mes
 from service.store.attempts import last_error_line
 from service.store.results import (
     DEFERRED,
-    NO_ATTEMPTS,
     AttemptResult,
-    DestinationAttempts,
     DestinationResult,
     MessageRow,
 )
@@ -56,11 +54,6 @@ def due_runs(pipeline: Pipeline, row: MessageRow) -> tuple[tuple[Run, ...], list
     kept = tuple(run for run in runs if run.destination.name in due)
     running = {run.destination.name for run in kept}
     return kept, [name for name in due if name not in running]
-
-
-def destination_attempts(row: MessageRow, name: str) -> DestinationAttempts:
-    """The attempts destination `name` has made for `row`: its own budget."""
-    return (row.destination_attempts or {}).get(name, NO_ATTEMPTS)
 
 
 def expect_gated(gates: DestinationGates, pipeline: Pipeline, row: MessageRow) -> None:
@@ -231,7 +224,7 @@ async def forward_destination(
         deferral = await gates.admit(row, destination)
         if deferral is not None:
             return deferred_result(name, status, deferral, begun)
-    own = destination_attempts(row, name)
+    own = row.destination_state(name)
     made = await forward_message(
         http, row, own.next, pipeline.config, destination=destination, budget_start=own.budget_start
     )
@@ -293,7 +286,7 @@ async def run_destination(
         deadline=deadline,
         defer_flush=defer_flush,
         destination=name,
-        budget=destination_attempts(row, name),
+        budget=row.destination_state(name),
     )
     if failed is not None:
         failure, exc = failed

@@ -166,7 +166,7 @@ async def forward_message(
     """POST `row` to the source's forward, or to the named `destination`'s; the attempt's
     result, never an exception: deferred when the endpoint asks it to wait
     (`deferral_seconds`). `attempt` and `budget_start`: the message's (its row's), or a named
-    destination's own (`DestinationAttempts`)."""
+    destination's own (`DestinationState`)."""
     forward = config.forward if destination is None else destination.forward
     assert forward is not None
     name = None if destination is None else destination.name

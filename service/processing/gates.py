@@ -163,7 +163,7 @@ class DestinationGates:
         judged once, so that the run is counted and admitted alike."""
         memo = (row.id, destination.name)
         if memo not in self.holds:
-            slot = (row.destination_slots or {}).get(destination.name)
+            slot = row.destination_state(destination.name).slot_at
             limit = destination.gates if destination.rate_limit is not None else None
             now = datetime.now(UTC)
             self.holds[memo] = None if limit is None else rules.slot_holds(limit, slot, now)
@@ -176,9 +176,11 @@ class DestinationGates:
             return self.answers[memo]
         key = (row.source, destination.name)
         holds = self._holds(row, destination)
+        # Held (True) or ahead (False), the run has a slot (`core.flow.slot_holds`).
+        slot = row.destination_state(destination.name).slot_at
         if holds is False:
             # Claimed before its slot (with another destination of its message): it waits.
-            slot = (row.destination_slots or {})[destination.name]
+            assert slot is not None
             wait = max(0.0, (slot - datetime.now(UTC)).total_seconds())
             ahead = self.answers[memo] = Deferral(wait, RATE_LIMITED, slot)
             self.next_due = min(wait, self.next_due or wait)
@@ -201,7 +203,8 @@ class DestinationGates:
             gate.used += 1
             gate.used_slotted += 1
         elif holds:
-            answer = self._slot_held(gate, (row.destination_slots or {})[destination.name])
+            assert slot is not None
+            answer = self._slot_held(gate, slot)
         elif gate.left > 0 and not (first_ask and gate.admission.queued):
             gate.left -= 1
             gate.used += 1

@@ -24,7 +24,7 @@ from service.processing.handler_api import (
 )
 from service.processing.pipeline import Pipeline
 from service.processing.policy import Failure, classify_failure, failed_attempt
-from service.store.results import AttemptResult, DestinationAttempts, MessageRow
+from service.store.results import AttemptResult, DestinationState, MessageRow
 from service.store.savepoints import MessageSavepoints, message_savepoints
 
 log = logging.getLogger("service.processing")
@@ -317,7 +317,7 @@ async def attempt_handlers(
     deadline: BatchDeadline | None,
     defer_flush: bool,
     destination: str | None = None,
-    budget: DestinationAttempts | None = None,
+    budget: DestinationState | None = None,
 ) -> tuple[Failure, Exception] | None:
     """One try of `handlers` on `message` (the whole message's, or `destination`'s) within the
     source's handler timeout, in a savepoint of its own when `isolated` (otherwise the caller

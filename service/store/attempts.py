@@ -4,7 +4,6 @@ destination's part in `inbox_destinations`, in the batch's transaction or one of
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 
 import asyncpg
 import orjson
@@ -12,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.status import DUE, Status
 from service.store.claims import BY_ID_PLANS, BY_ID_STATUS
-from service.store.results import AttemptResult, DestinationAttempts, MessageRow
+from service.store.results import AttemptResult, DestinationState, MessageRow
 from service.store.savepoints import MessageSavepoints, driver_of, driver_transaction
 
 # One round trip records a whole batch: the status update, the attempt rows, and the release of
@@ -201,24 +200,20 @@ async def _finish(
 
 
 async def load_destinations(conn: AsyncConnection, rows: Sequence[MessageRow]) -> None:
-    """Set each row's `destinations`, `destination_attempts` and `destination_slots`: the
-    named destinations that have run for it, where each stands, the attempts it has made and
-    the slot it holds. In the batch's transaction, which holds the rows locked."""
+    """Set each row's `destinations` and `destination_states`: the named destinations that
+    have run for it, where each stands, the attempts it has made and the slot it holds. In the
+    batch's transaction, which holds the rows locked."""
     if not rows:
         return
-    states: dict[int, dict[str, str]] = {row.id: {} for row in rows}
-    attempts: dict[int, dict[str, DestinationAttempts]] = {row.id: {} for row in rows}
-    slots: dict[int, dict[str, datetime]] = {row.id: {} for row in rows}
+    statuses: dict[int, dict[str, str]] = {row.id: {} for row in rows}
+    states: dict[int, dict[str, DestinationState]] = {row.id: {} for row in rows}
     driver = await driver_of(conn)
-    for record in await driver.fetch(LOAD_DESTINATIONS, list(states)):
-        states[record[0]][record[1]] = record[2]
-        attempts[record[0]][record[1]] = DestinationAttempts(record[3], record[4])
-        if record[5] is not None:
-            slots[record[0]][record[1]] = record[5]
+    for record in await driver.fetch(LOAD_DESTINATIONS, list(statuses)):
+        statuses[record[0]][record[1]] = record[2]
+        states[record[0]][record[1]] = DestinationState(record[3], record[4], record[5])
     for row in rows:
-        row.destinations = states[row.id]
-        row.destination_attempts = attempts[row.id]
-        row.destination_slots = slots[row.id]
+        row.destinations = statuses[row.id]
+        row.destination_states = states[row.id]
 
 
 async def finish_attempts(

@@ -15,14 +15,19 @@ DEFERRED = "deferred"
 
 
 @dataclass(frozen=True, slots=True)
-class DestinationAttempts:
-    """A named destination's attempts for one message: `made` in all, and `budget_start` those
-    made before its current budget began (an operator ran it again). It is retried and
-    dead-lettered on its own budget, `made - budget_start` of `max_attempts`, not the
-    message's: a destination held back by a gate spends none while another one fails."""
+class DestinationState:
+    """Where a named destination stands with one message (`load_destinations`), beyond its
+    status: its attempts, `made` in all and `budget_start` made before its current budget
+    began (an operator ran it again), and the slot it holds in its rate limit's queue.
+
+    It is retried and dead-lettered on its own budget, `made - budget_start` of
+    `max_attempts`, not the message's: a destination held back by a gate spends none while
+    another one fails. `slot_at`: deferred by its rate limit, the slot whose token was taken
+    for it (`core.flow.slot_holds`); None otherwise."""
 
     made: int = 0
     budget_start: int = 0
+    slot_at: datetime | None = None
 
     @property
     def next(self) -> int:
@@ -30,7 +35,7 @@ class DestinationAttempts:
         return self.made + 1
 
 
-NO_ATTEMPTS = DestinationAttempts()
+NOT_RUN = DestinationState()
 
 
 # MessageRow and AttemptResult are made for every message run: slotted, not frozen, since a
@@ -54,14 +59,16 @@ class MessageRow:
     # Of a source with named destinations: each destination that has run for the message,
     # and its status (`load_destinations`); empty when none has.
     destinations: dict[str, str] | None = None
-    # And the attempts each has made: its own budget (`DestinationAttempts`).
-    destination_attempts: dict[str, DestinationAttempts] | None = None
-    # Of those deferred by a rate limit, the slot each holds in its queue (`load_destinations`).
-    destination_slots: dict[str, datetime] | None = None
+    # And the rest of where each stands: its own attempt budget, its queue slot.
+    destination_states: dict[str, DestinationState] | None = None
     # Its source's ordering key's value (None: it has none), and its status when claimed
     # (what it returns to when its run is deferred, `processing.ordering`).
     ordering_key: str | None = None
     status: Status = Status.PENDING
+
+    def destination_state(self, name: str) -> DestinationState:
+        """Where destination `name` stands with the message (never run: `NOT_RUN`)."""
+        return (self.destination_states or {}).get(name, NOT_RUN)
 
 
 @dataclass(slots=True)
