@@ -104,6 +104,16 @@ def glob_like(pattern: str) -> str | None:
     return escaped.replace("*", "%").replace("?", "_")
 
 
+def event_type_clause(pattern: str, column: str = "event_type") -> tuple[str, dict[str, str]]:
+    """The condition that `column` matches the event-type glob `pattern`, and its parameter:
+    equality when it has no wildcard (the event_type index serves it), else LIKE, where a
+    message without an event type matches `*`, as it does in the sources file."""
+    like = glob_like(pattern)
+    if like is None:
+        return f"{column} = :event_type", {"event_type": pattern}
+    return f"coalesce({column}, '') LIKE :event_type", {"event_type": like}
+
+
 @dataclass(frozen=True)
 class MessageFilter:
     """The admin listings' filters; every one that is set must hold (they combine with AND)."""
@@ -143,14 +153,9 @@ class MessageFilter:
             if Status.PROCESSING in self.statuses or set(self.statuses) & IN_FLIGHT_STORED:
                 clauses.append(f"({SHOWN_STATUS}) = ANY(:statuses)")
         if self.event_type is not None:
-            like = glob_like(self.event_type)
-            if like is None:  # no wildcard: equality, which the event_type index serves
-                clauses.append("event_type = :event_type")
-                params["event_type"] = self.event_type
-            else:
-                # A message without an event type matches `*`, as it does in the sources file.
-                clauses.append("coalesce(event_type, '') LIKE :event_type")
-                params["event_type"] = like
+            clause, bound = event_type_clause(self.event_type)
+            clauses.append(clause)
+            params |= bound
         if self.message_id is not None:
             clauses.append("message_id = :message_id")
             params["message_id"] = self.message_id

@@ -25,7 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.status import TAIL_OUTCOMES, TailKind
-from service.store.admin import glob_like
+from service.store.admin import event_type_clause
 from service.store.errors import translate_errors
 from service.store.notifications import listen_for_messages
 
@@ -105,13 +105,9 @@ class TailFilter:
             clauses.append(f"{prefix}source = ANY(CAST(:sources AS text[]))")
             params["sources"] = list(self.sources)
         if self.event_type is not None:
-            like = glob_like(self.event_type)
-            if like is None:
-                clauses.append(f"{prefix}event_type = :event_type")
-                params["event_type"] = self.event_type
-            else:
-                clauses.append(f"coalesce({prefix}event_type, '') LIKE :event_type")
-                params["event_type"] = like
+            clause, bound = event_type_clause(self.event_type, f"{prefix}event_type")
+            clauses.append(clause)
+            params |= bound
         return "(" + " AND ".join(clauses) + ")", params
 
 
