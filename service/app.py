@@ -54,7 +54,7 @@ def create_app(
     inbox = inbox if inbox is not None else load_inbox_config(Path(settings.config))
     inbox.require_secrets()  # the app verifies every source: none may be read lazily
     # Per app, not per module: each test's app (and each server process) counts on its own.
-    app_metrics = Metrics(sources=inbox.sources)
+    app_metrics = Metrics(sources=inbox.row_sources)
     pipelines = resolve_pipelines(inbox)
 
     @asynccontextmanager

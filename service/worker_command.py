@@ -83,7 +83,7 @@ def run_worker_command(
             loop.add_signal_handler(signum, stop.set)
         if not await migrated(settings, url):
             raise not_migrated(describe_url(url))
-        metrics = Metrics(sources=inbox.sources)
+        metrics = Metrics(sources=inbox.row_sources)
         await run_worker(settings, url, pipelines, stop, metrics=metrics, retention=inbox)
 
     try:

@@ -419,3 +419,44 @@ async def record_span_failing_first(message: InboxMessage, ctx: HandlerContext) 
     if message.attempt == 1 and fails_first(message.message_id):
         raise RuntimeError("transient failure on the first attempt")
     await record_span(message, ctx)
+
+
+async def stage_then_fail_first(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Stages an outgoing message to the `crm` endpoint, then fails on the first attempt: the
+    outbox tests' handler, whose failed attempt must send nothing."""
+    await ctx.outbox.send(
+        "crm", {"type": "customer.synced", "id": message.message_id}, event_type="customer.synced"
+    )
+    if message.attempt == 1:
+        raise RuntimeError("failing after staging")
+
+
+async def stage_to_unknown_endpoint(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Names an endpoint the sources file does not have: the attempt fails at the call."""
+    await ctx.outbox.send("nowhere", {"id": message.message_id})
+
+
+async def reserve_stock(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Service A of the two-service tests (docs/outbox.md's example): a `PaymentCharged`
+    records the payment and stages a `StockReserved` to the `inventory` endpoint (service B),
+    in one transaction."""
+    payment = message.payload
+    ctx.insert(
+        EFFECTS,
+        {**effect_fields(message), "payload": {"payment": payment["id"]}},
+    )
+    await ctx.outbox.send(
+        "inventory",
+        {"type": "StockReserved", "data": {"payment": payment["id"], "sku": payment["sku"]}},
+        event_type="StockReserved",
+    )
+
+
+async def decrement_stock(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Service B of the two-service tests: a `StockReserved` takes one from its sku's stock
+    and records which payment did, in one transaction with the message's processed mark."""
+    data = message.payload["data"]
+    await ctx.session.execute(
+        text("UPDATE stock SET count = count - 1 WHERE sku = :sku"), {"sku": data["sku"]}
+    )
+    ctx.insert(EFFECTS, {**effect_fields(message), "payload": {"payment": data["payment"]}})

@@ -19,6 +19,19 @@ class Received:
     status: int = 200  # what it was answered (HANG: never)
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[dict[str, str], bytes] | None:
+    """The next request on a connection (its headers, lower-cased, and body); None at its end."""
+    while request_line := await reader.readline():
+        if not request_line.strip():
+            continue
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return headers, await reader.readexactly(int(headers.get("content-length", "0")))
+    return None
+
+
 @dataclass
 class ScriptedServer:
     """Answers with `script` in order (then 200); `HANG` leaves the request unanswered."""
@@ -34,14 +47,8 @@ class ScriptedServer:
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while request_line := await reader.readline():
-                if not request_line.strip():
-                    continue
-                headers: dict[str, str] = {}
-                while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    name, _, value = line.decode("latin-1").partition(":")
-                    headers[name.strip().lower()] = value.strip()
-                body = await reader.readexactly(int(headers.get("content-length", "0")))
+            while (request := await read_request(reader)) is not None:
+                headers, body = request
                 received = Received(headers, body, time.monotonic())
                 self.requests.append(received)
                 self.arrived.set()

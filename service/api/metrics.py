@@ -39,8 +39,8 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
         log.warning("metrics: database unavailable", extra={"error": str(exc)})
         return None
     ages = [g.oldest_age_seconds for g in groups if g.status in UNFINISHED]
-    backlog = dict.fromkeys(state.inbox.sources, 0.0)
-    dead = dict.fromkeys(state.inbox.sources, 0)
+    backlog = dict.fromkeys(state.inbox.row_sources, 0.0)
+    dead = dict.fromkeys(state.inbox.row_sources, 0)
     for g in groups:
         if g.status in UNFINISHED:
             backlog[g.source] = max(backlog.get(g.source, 0.0), g.oldest_age_seconds)

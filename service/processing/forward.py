@@ -6,15 +6,17 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from functools import cache
 
 import httpx
+from standardwebhooks.webhooks import Webhook
 
 from service.core import tracing
 from service.core.schema import Status
 from service.processing.attempt_spans import describe
 from service.processing.pipeline import Destination
 from service.processing.policy import Failure, dead_failure, failed_attempt, retry_failure
-from service.sources.config import SourceConfig
+from service.sources.config import EndpointConfig, SourceConfig
 from service.store.results import DEFERRED, AttemptResult, MessageRow
 
 log = logging.getLogger("service.forward")
@@ -82,6 +84,33 @@ def forward_headers(
         # The delivery's stored trace context (`traceparent`, `tracestate`), so the destination
         # continues the sender's trace; with tracing on, the httpx instrumentation replaces it
         # with the attempt's own span.
+        headers.update(row.trace_context)
+    return headers
+
+
+@cache
+def _signer(secret: str) -> Webhook:
+    return Webhook(secret)
+
+
+def endpoint_headers(row: MessageRow, endpoint: EndpointConfig) -> dict[str, str]:
+    """The headers of an outgoing message's request (`service.outbox`): the stager's own, its
+    key as `Idempotency-Key` and `webhook-id` (the same on every attempt, so that the
+    receiver drops a repeat), and a `webhook-timestamp` of now with, when the endpoint has a
+    secret, its Standard Webhooks `webhook-signature` (made at each attempt, so that a retry
+    an hour later is still within the receiver's tolerance)."""
+    now = datetime.now(UTC)
+    headers = {
+        **row.headers,
+        "content-type": row.content_type or "application/octet-stream",
+        "idempotency-key": row.message_id,
+        "webhook-id": row.message_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+    }
+    if endpoint.secret is not None:
+        signer = _signer(endpoint.secret.get_secret_value())
+        headers["webhook-signature"] = signer.sign(row.message_id, now, row.body.decode())
+    if row.trace_context:
         headers.update(row.trace_context)
     return headers
 
@@ -177,9 +206,12 @@ async def forward_message(
         # httpx's timeout is per read/write; this one bounds the whole exchange, so the call
         # always ends before the lease does.
         async with asyncio.timeout(forward.timeout_seconds):
-            response = await client.post(
-                forward.url, content=row.body, headers=forward_headers(row, attempt, name)
+            headers = (
+                endpoint_headers(row, forward)
+                if isinstance(forward, EndpointConfig)
+                else forward_headers(row, attempt, name)
             )
+            response = await client.post(forward.url, content=row.body, headers=headers)
         wait = deferral_seconds(response)
         if wait is not None:
             return deferred_attempt(row, attempt, response, wait, started, name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Set
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.ext.asyncio import AsyncSession as SQLAlchemyAsyncSession
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from service.store.outgoing import derived_key, stage_async, stage_values
 from service.store.staged_rows import StagedRows
 
 
@@ -90,11 +91,61 @@ class HandlerSession(AsyncSession):
             raise HandlerCommitError(why)
 
 
+class HandlerOutbox:
+    """`ctx.outbox`: a handler's outgoing messages, staged in the inbox's transaction, so
+    that they are sent if and only if the message's effects commit (a failed attempt's are
+    rolled back with its effects)."""
+
+    def __init__(
+        self,
+        session: Any,
+        source: str,
+        message_id: str,
+        destination: str | None,
+        endpoints: Set[str] | None,
+    ) -> None:
+        self._session = session
+        self._source = source
+        self._message_id = message_id
+        self._destination = destination
+        self._endpoints = endpoints
+        self._staged = 0
+
+    async def send(
+        self,
+        endpoint: str,
+        payload: Any,
+        *,
+        event_type: str | None = None,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> str:
+        """Stage an outgoing message to `endpoint` (`[endpoints.NAME]`); its key.
+
+        `key` by default: derived from the incoming message and this send's position among
+        its handlers' sends (`derived_key`), the same on every attempt. Raises ValueError for
+        an endpoint not configured or a bad argument (the attempt fails, as any handler
+        error fails it).
+        """
+        if self._endpoints is not None and endpoint not in self._endpoints:
+            known = ", ".join(sorted(self._endpoints)) or "none"
+            raise ValueError(f"no endpoint named {endpoint!r} (configured: {known})")
+        self._staged += 1
+        if key is None:
+            key = derived_key(self._source, self._message_id, self._destination, self._staged)
+        values = stage_values(endpoint, payload, event_type=event_type, key=key, headers=headers)
+        await stage_async(self._session, values)
+        return str(values["message_id"])
+
+
 @dataclass
 class HandlerContext:
-    """What a handler may use besides the message: the session of the inbox's transaction."""
+    """What a handler may use besides the message: the session of the inbox's transaction,
+    and the outbox, whose outgoing messages are sent once that transaction commits
+    (`await ctx.outbox.send(endpoint, payload)`, docs/outbox.md)."""
 
     session: HandlerSession
+    outbox: HandlerOutbox
 
     def insert(self, table: Any, values: Mapping[str, Any]) -> None:
         """Stage one row of `table` (a `Table`, a mapped class or a SQLModel `table=True`

@@ -6,7 +6,7 @@ import importlib
 import inspect
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -14,7 +14,14 @@ from service.core import flow
 from service.core.settings import ConfigError
 from service.processing.handler_api import Handler
 from service.sources.base import BadDelivery, parse_json
-from service.sources.config import DestinationConfig, ForwardConfig, RateLimit, SourceConfig
+from service.sources.config import (
+    DestinationConfig,
+    EndpointConfig,
+    ForwardConfig,
+    RateLimit,
+    SourceConfig,
+    endpoint_source,
+)
 from service.sources.config_file import InboxConfig
 from service.sources.filters import MISSING, PayloadFilter
 
@@ -101,6 +108,8 @@ class Pipeline:
     routes: tuple[Route, ...] = ()
     # Named destinations (`[sources.X.destinations]`), instead of `routes` and `forward`.
     destinations: tuple[Destination, ...] = ()
+    # The outbox's endpoints its handlers may send to (`ctx.outbox`).
+    endpoints: frozenset[str] = frozenset()
     _by_event_type: dict[str | None, tuple[Handler, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -307,10 +316,24 @@ def build_pipeline(name: str, config: SourceConfig) -> Pipeline:
     return Pipeline(name, config, tuple(routes))
 
 
+def endpoint_pipeline(name: str, endpoint: EndpointConfig) -> Pipeline:
+    """What happens to an endpoint's outgoing messages: its source (`outbox:NAME`) forwards
+    them to it, with its retry policy, rate limit and breaker (docs/outbox.md)."""
+    return Pipeline(endpoint_source(name), endpoint.source_config())
+
+
 def resolve_pipelines(inbox: InboxConfig) -> dict[str, Pipeline]:
-    """Import every configured handler; the first bad one raises a one-line ConfigError."""
+    """Import every configured handler; the first bad one raises a one-line ConfigError. The
+    outbox's endpoints are pipelines too, of the sources their outgoing messages are under."""
     # Like uvicorn's --app-dir default: the user's own package in the working directory.
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
-    return {name: build_pipeline(name, src.config) for name, src in inbox.sources.items()}
+    endpoints = frozenset(inbox.endpoints)
+    pipelines = {
+        name: replace(build_pipeline(name, src.config), endpoints=endpoints)
+        for name, src in inbox.sources.items()
+    }
+    for name, endpoint in inbox.endpoints.items():
+        pipelines[endpoint_source(name)] = endpoint_pipeline(name, endpoint)
+    return pipelines

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence, Set
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +19,7 @@ from service.processing.handler_api import (
     Handler,
     HandlerCommitError,
     HandlerContext,
+    HandlerOutbox,
     HandlerSession,
     InboxMessage,
 )
@@ -236,13 +237,17 @@ async def apply_handlers(
     isolated: bool = True,
     deadline: BatchDeadline | None = None,
     defer_flush: bool = False,
+    destination: str | None = None,
+    endpoints: Set[str] | None = None,
 ) -> None:
     """Run `handlers` on `message` within `limit` seconds and flush what they staged (unless
     `defer_flush`); raise what failed. The caller has begun the message's savepoint (or, not
     `isolated`, bounded the transaction's statements), and on a failure must `undo_handlers`.
+    `destination`, `endpoints`: for `ctx.outbox` (its keys, and the endpoints it may name).
     """
     clock = time.monotonic()
-    ctx = HandlerContext(session)
+    outbox = HandlerOutbox(session, message.source, message.message_id, destination, endpoints)
+    ctx = HandlerContext(session, outbox)
     async with session_rollback_bound(session, isolated):
         session._handler_running = True
         try:
@@ -337,6 +342,8 @@ async def attempt_handlers(
             isolated=isolated,
             deadline=deadline,
             defer_flush=defer_flush,
+            destination=destination,
+            endpoints=pipeline.endpoints,
         )
         if isolated:
             savepoints.release()  # kept by the batch's COMMIT

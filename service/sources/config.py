@@ -18,6 +18,7 @@ from pydantic import (
     SecretStr,
     ValidationInfo,
 )
+from standardwebhooks.webhooks import Webhook
 
 from service.core.settings import ConfigError, did_you_mean
 from service.sources.filters import PayloadFilter
@@ -255,6 +256,67 @@ class SourceConfig(BaseModel):
 
     def secret_values(self) -> list[bytes]:
         return [s.get_secret_value().encode() for s in self.secrets]
+
+
+def check_signing_secret(value: SecretStr) -> SecretStr:
+    """A Standard Webhooks signing secret: `whsec_` and the base64 of the key, as the
+    `standardwebhooks` package reads it; refused at start-up otherwise."""
+    if not is_set(value):
+        return value
+    try:
+        Webhook(value.get_secret_value())
+    except Exception:
+        raise ValueError(
+            "a signing secret is whsec_ followed by base64, as in whsec_"
+            "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        ) from None
+    return value
+
+
+# The outbox's outgoing messages to an endpoint are rows of `inbox_messages` under this source
+# (a source's own name has no ':'), so that they live as incoming messages do (docs/outbox.md).
+ENDPOINT_SOURCE_PREFIX = "outbox:"
+
+
+def endpoint_source(endpoint: str) -> str:
+    """The source of an endpoint's outgoing messages (their rows' `source`)."""
+    return ENDPOINT_SOURCE_PREFIX + endpoint
+
+
+def endpoint_of(source: str) -> str | None:
+    """The endpoint whose outgoing messages `source` holds; None for incoming messages."""
+    if source.startswith(ENDPOINT_SOURCE_PREFIX):
+        return source[len(ENDPOINT_SOURCE_PREFIX) :]
+    return None
+
+
+class EndpointConfig(ForwardConfig):
+    """`[endpoints.NAME]`: an HTTP endpoint that outgoing messages (`ctx.outbox.send`,
+    `service.outbox.send`) are delivered to, at least once, each with a stable
+    `Idempotency-Key` and `webhook-id` and, with `secret`, a Standard Webhooks signature
+    (docs/outbox.md). Its own retry policy and gates, as a source's forward has."""
+
+    # `whsec_...` or `env:NAME`: each request is signed with it (`webhook-signature`).
+    secret: Annotated[Secret, AfterValidator(check_signing_secret)] | None = None
+    rate_limit: Annotated[RateLimit, BeforeValidator(parse_rate_limit)] | None = None
+    max_attempts: int = Field(default=10, ge=1, le=1000)
+    backoff_base_seconds: float = Field(default=2.0, gt=0, le=86_400)
+    backoff_max_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)
+    # A sent (or dead) outgoing message's key is kept at least this long whatever
+    # `[retention]` says: staging the same key again within it sends nothing twice.
+    keep_keys_days: float = Field(default=7.0, gt=0, le=3650)
+
+    def source_config(self) -> SourceConfig:
+        """The retry policy and gates of the endpoint's outgoing messages, as the worker reads
+        a source's (their rows are a source's, `service.outbox.endpoint_source`)."""
+        return SourceConfig(
+            kind="outbox",
+            max_attempts=self.max_attempts,
+            backoff_base_seconds=self.backoff_base_seconds,
+            backoff_max_seconds=self.backoff_max_seconds,
+            forward=self,
+            rate_limit=self.rate_limit,
+        )
 
 
 def unset_secrets(model: BaseModel) -> list[str]:

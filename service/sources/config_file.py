@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,24 +14,35 @@ from service.core.settings import ConfigError, did_you_mean, format_validation_e
 from service.sources import KINDS
 from service.sources.base import AnySource
 from service.sources.config import (
+    DESTINATION_NAME,
     LAZY_SECRETS,
     AlertsConfig,
+    EndpointConfig,
     RetentionConfig,
+    endpoint_source,
     read_toml,
     unset_secrets,
 )
 
 _SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
-TOP_LEVEL_KEYS = ("sources", "retention", "alerts")
+TOP_LEVEL_KEYS = ("sources", "endpoints", "retention", "alerts")
 
 
 @dataclass(frozen=True)
 class InboxConfig:
-    """What the sources file says: the sources by name, retention, and dead-letter alerts."""
+    """What the sources file says: the sources by name, the outbox's endpoints by name,
+    retention, and dead-letter alerts."""
 
     sources: Mapping[str, AnySource] = field(default_factory=dict)
+    endpoints: Mapping[str, EndpointConfig] = field(default_factory=dict)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+
+    @property
+    def row_sources(self) -> list[str]:
+        """The sources of the rows this configuration owns: its sources' incoming messages,
+        then its endpoints' outgoing ones (`outbox:NAME`, `service.outbox`)."""
+        return [*self.sources, *map(endpoint_source, self.endpoints)]
 
     def warnings(self) -> dict[str, str]:
         """Each source's `start_warning` (a `generic` one that checks nothing), by name."""
@@ -48,6 +60,9 @@ class InboxConfig:
         for name in names:
             for unset in unset_secrets(self.sources[name].config):
                 raise ConfigError(f"sources.{name}.{unset}")
+        for name, endpoint in self.endpoints.items() if sources is None else []:
+            for unset in unset_secrets(endpoint):
+                raise ConfigError(f"endpoints.{name}.{unset}")
         for unset in unset_secrets(self.alerts) if sources is None else []:
             raise ConfigError(f"alerts.{unset}")
 
@@ -70,6 +85,22 @@ def build_source(name: str, table: Any, *, lazy_secrets: bool = False) -> AnySou
     except ValidationError as exc:
         raise ConfigError(format_validation_error(where, exc, cls.config_model)) from None
     return cls(name, config)
+
+
+def build_endpoint(name: str, table: Any, *, lazy_secrets: bool = False) -> EndpointConfig:
+    """Validate one `[endpoints.NAME]` table."""
+    where = f"endpoints.{name}"
+    if not re.fullmatch(DESTINATION_NAME, name):
+        raise ConfigError(
+            f"{where}: an endpoint name is 1-64 of a-z, 0-9, '-' and '_', starting with a "
+            "letter or digit"
+        )
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table")
+    try:
+        return EndpointConfig.model_validate(table, context=lazy(lazy_secrets))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(where, exc, EndpointConfig)) from None
 
 
 def unconfigured_source_floor_days() -> float:
@@ -105,6 +136,14 @@ def lazy(lazy_secrets: bool) -> dict[str, str] | None:
     return LAZY_SECRETS if lazy_secrets else None
 
 
+def named_tables(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The `[KEY.NAME]` tables of the document, by name (each checked by its builder)."""
+    tables = raw.get(key, {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{key}: must be a table of [{key}.NAME] tables")
+    return tables
+
+
 def parse_inbox_config(raw: Mapping[str, Any], *, lazy_secrets: bool = False) -> InboxConfig:
     """Build the configuration from a parsed TOML document.
 
@@ -115,12 +154,13 @@ def parse_inbox_config(raw: Mapping[str, Any], *, lazy_secrets: bool = False) ->
     unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key{did_you_mean(unknown[0], TOP_LEVEL_KEYS)}")
-    sources_table = raw.get("sources", {})
-    if not isinstance(sources_table, dict):
-        raise ConfigError("sources: must be a table of [sources.NAME] tables")
     sources = {
         name: build_source(name, table, lazy_secrets=lazy_secrets)
-        for name, table in sources_table.items()
+        for name, table in named_tables(raw, "sources").items()
+    }
+    endpoints = {
+        name: build_endpoint(name, table, lazy_secrets=lazy_secrets)
+        for name, table in named_tables(raw, "endpoints").items()
     }
     try:
         retention = RetentionConfig.model_validate(raw.get("retention", {}))
@@ -131,7 +171,7 @@ def parse_inbox_config(raw: Mapping[str, Any], *, lazy_secrets: bool = False) ->
         alerts = AlertsConfig.model_validate(raw.get("alerts", {}), context=lazy(lazy_secrets))
     except ValidationError as exc:
         raise ConfigError(format_validation_error("alerts", exc, AlertsConfig)) from None
-    return InboxConfig(sources=sources, retention=retention, alerts=alerts)
+    return InboxConfig(sources=sources, endpoints=endpoints, retention=retention, alerts=alerts)
 
 
 def load_inbox_config(

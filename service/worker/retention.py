@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.metrics import Metrics
 from service.core.schema import Status
+from service.sources.config import endpoint_source
 from service.sources.config_file import InboxConfig, unconfigured_source_floor_days
 from service.store.errors import StoreUnavailable
 from service.store.retention import delete_batch
@@ -42,6 +43,12 @@ def retention_rules(inbox: InboxConfig) -> list[Rule]:
     # floor of any kind protects them.
     targets: list[tuple[str | None, float]] = [
         (name, source.redelivery_days) for name, source in inbox.sources.items()
+    ]
+    # An endpoint's outgoing messages keep their keys `keep_keys_days`: staging one again
+    # within it sends nothing twice (docs/outbox.md#retention).
+    targets += [
+        (endpoint_source(name), endpoint.keep_keys_days)
+        for name, endpoint in inbox.endpoints.items()
     ]
     targets.append((None, unconfigured_source_floor_days()))
     rules = []
@@ -74,7 +81,7 @@ async def prune(
     """Apply retention now, batch by batch, until nothing eligible is left; report the deletions."""
     report = PruneReport()
     statuses: Counter[str] = Counter()
-    configured = list(inbox.sources)
+    configured = inbox.row_sources
     for rule in retention_rules(inbox):
         while True:
             deleted = await delete_batch(

