@@ -25,6 +25,7 @@ ADMIN_ROUTES = [
     ("GET", "/admin/sources"),
     ("POST", "/admin/prune"),
     ("GET", "/admin/destinations"),
+    ("GET", "/admin/outbox"),
     ("POST", "/admin/messages/1/destinations/billing/retry"),
     ("POST", "/admin/messages/1/destinations/billing/discard"),
     ("POST", "/admin/sources/hooks/destinations/billing/replay"),

@@ -37,6 +37,7 @@ from service.api.admin.models import (
     SourcePause,
 )
 from service.api.admin.operations import collect_stats
+from service.api.admin.outbox import collect_endpoints
 from service.api.admin.rejections import RejectedQuery, rejected_page
 from service.commands.database import operator_engine, operator_settings
 from service.commands.outcome import CommandError, Exit
@@ -45,6 +46,7 @@ from service.commands.send import load_sources
 from service.commands.views import (
     describe_detail,
     destinations_table,
+    endpoints_table,
     groups_table,
     rejected_table,
     stats_table,
@@ -228,6 +230,18 @@ async def change_message(args: argparse.Namespace, name: str) -> Exit:
     return Exit.OK
 
 
+async def show_outbox(args: argparse.Namespace) -> Exit:
+    settings = operator_settings()
+    inbox = load_sources(settings)
+    async with operator_engine(settings) as engine:
+        listed = await collect_endpoints(engine, inbox)
+    if args.json:
+        print_json(listed)
+    else:
+        print(endpoints_table(listed))
+    return Exit.OK
+
+
 async def show_stats(args: argparse.Namespace) -> Exit:
     async with operator_engine() as engine:
         stats = await collect_stats(engine)
@@ -310,7 +324,7 @@ async def show_destinations(args: argparse.Namespace) -> Exit:
 
 
 def configured_source(settings: Settings, source: str) -> None:
-    sources = load_sources(settings).sources
+    sources = load_sources(settings).row_sources
     if source not in sources:
         names = ", ".join(sorted(sources)) or "none"
         raise CommandError(f"no source {source} is configured (configured: {names})", Exit.FAILED)

@@ -1,4 +1,4 @@
-"""`messages`, `dead-letters`, `rejected` and `stats`: their arguments and help.
+"""`messages`, `dead-letters`, `rejected`, `stats` and `outbox`: their arguments and help.
 
 They run in `service/commands/admin.py`, imported only when one runs, so that `webhook-inbox
 --help` needs neither the admin API nor SQLAlchemy.
@@ -159,6 +159,19 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_json(destinations)
     destinations.set_defaults(run=run("show_destinations"))
 
+    outbox = subcommand(
+        commands,
+        "outbox",
+        help="the outbox's endpoints: outgoing messages by status, breaker, pause",
+        description="List the outbox's endpoints ([endpoints.NAME] in the sources file, "
+        "INBOX_CONFIG) with their outgoing messages by status, the oldest unsent one's age, "
+        "and whether a breaker or a pause holds them (GET /admin/outbox). The messages "
+        "themselves: `messages list --source outbox:NAME`; retry them with `messages retry` "
+        "or `messages bulk-retry --source outbox:NAME`.",
+    )
+    add_json(outbox)
+    outbox.set_defaults(run=run("show_outbox"))
+
     pause = subcommand(
         commands,
         "pause",
@@ -168,7 +181,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "still accepted and deduplicated, and wait as pending with no attempt spent. A batch "
         "already claimed finishes. Reads the sources file (INBOX_CONFIG).",
     )
-    pause.add_argument("source", help="a configured source")
+    pause.add_argument("source", help="a configured source, or outbox:ENDPOINT")
     pause.add_argument("--reason", required=True, help="why, for whoever finds it paused")
     pause.add_argument(
         "--operator", help="your name, as others know you (default: the shell's user@host)"
@@ -183,7 +196,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Resume a paused source (POST /admin/sources/{source}/resume): the workers "
         "claim its messages again.",
     )
-    resume.add_argument("source", help="a configured source")
+    resume.add_argument("source", help="a configured source, or outbox:ENDPOINT")
     add_json(resume)
     resume.set_defaults(run=run("resume_command"))
 

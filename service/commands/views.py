@@ -8,6 +8,7 @@ from typing import Any
 from service.api.admin.models import (
     DeadLetterGroups,
     DestinationStatsList,
+    EndpointList,
     MessageDetail,
     MessageSummary,
     Stats,
@@ -113,6 +114,25 @@ def destinations_table(document: DestinationStatsList) -> str:
         [
             [d.source, d.destination, *(d.counts.get(st, 0) for st in statuses), d.total]
             for d in document.destinations
+        ],
+    )
+
+
+def endpoints_table(document: EndpointList) -> str:
+    if not document.endpoints:
+        return "no endpoint is configured ([endpoints.NAME] in the sources file)"
+    statuses = [s.value for s in Status if s != Status.PROCESSING]
+    return table(
+        ["ENDPOINT", *(s.upper() for s in statuses), "OLDEST UNSENT", "BREAKER", "PAUSED"],
+        [
+            [
+                e.name,
+                *(e.counts.get(st, 0) for st in statuses),
+                age(e.oldest_pending_age_seconds),
+                e.breaker.state if e.breaker else "closed",
+                "yes" if e.paused else "",
+            ]
+            for e in document.endpoints
         ],
     )
 

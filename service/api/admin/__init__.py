@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from service.api.admin import destinations, messages, operations, pauses, rejections, tail
+from service.api.admin import (
+    destinations,
+    messages,
+    operations,
+    outbox,
+    pauses,
+    rejections,
+    tail,
+)
 from service.api.problems import problem_responses
 from service.api.security import require_admin
 
@@ -16,6 +24,7 @@ router = APIRouter(
 router.include_router(messages.router)
 router.include_router(operations.router)
 router.include_router(destinations.router)
+router.include_router(outbox.router)
 router.include_router(pauses.router)
 router.include_router(rejections.router)
 router.include_router(tail.router)

@@ -48,7 +48,10 @@ def _no_character_sets(value: str) -> str:
 
 
 EventTypeGlob = Annotated[Text, AfterValidator(_no_character_sets)]
-SourceName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[a-z0-9_-]+$")]
+# A source's name, or an endpoint's source (`outbox:NAME`), under which its outgoing messages
+# are rows of the inbox (docs/outbox.md).
+SOURCE_PATTERN = r"^(outbox:)?[a-z0-9_-]+$"
+SourceName = Annotated[str, Field(min_length=1, max_length=200, pattern=SOURCE_PATTERN)]
 
 
 class EventFilters(BaseModel):
@@ -80,7 +83,9 @@ class MessageFilters(EventFilters):
     """Filters shared by the listings and bulk retry; those given combine with AND."""
 
     source: SourceName | None = Field(
-        default=None, description="Only messages of this source (the `{source}` they came to)."
+        default=None,
+        description="Only messages of this source (the `{source}` they came to), or "
+        "`outbox:NAME` for the outgoing messages to an endpoint.",
     )
     message_id: Text | None = Field(
         default=None, description="Only the message with this dedup key (the sender's id)."
@@ -546,6 +551,45 @@ class SourceInfo(BaseModel):
 
 class SourceList(BaseModel):
     sources: list[SourceInfo] = Field(description="By name.")
+
+
+class EndpointInfo(BaseModel):
+    """An endpoint of the outbox (`[endpoints.NAME]`) and its outgoing messages, without any
+    secret."""
+
+    name: str = Field(description="The endpoint's name, as `ctx.outbox.send` takes it.")
+    source: str = Field(
+        description="The source its outgoing messages are listed under (`outbox:NAME`): "
+        "`GET /admin/messages?source=outbox:NAME` lists them, and the message operations "
+        "(retry, discard, bulk retry) take them as they take incoming ones."
+    )
+    url: str = Field(description="Where its messages are POSTed; a password in it is hidden.")
+    timeout_seconds: float = Field(description="Timeout of one request.")
+    signed: bool = Field(description="Whether each request carries a Standard Webhooks signature.")
+    max_attempts: int = Field(description="Attempts before an outgoing message is dead.")
+    rate_limit: str | None = Field(description="Its `rate_limit` as configured; null: none.")
+    keep_keys_days: float = Field(
+        description="How long a sent or dead message's key is kept at least (its retention floor)."
+    )
+    counts: dict[str, int] = Field(
+        description="Outgoing messages by status (pending, processing, retrying, processed, "
+        "dead, discarded); statuses with none omitted."
+    )
+    total: int = Field(description="All of its outgoing messages.")
+    oldest_pending_age_seconds: float | None = Field(
+        description="Age of its oldest unsent (pending, retrying, processing) message."
+    )
+    paused: SourcePause | None = Field(
+        default=None, description="The pause holding its messages, if any."
+    )
+    breaker: BreakerState | None = Field(
+        default=None,
+        description="Its circuit breaker as every process sees it; null until first asked.",
+    )
+
+
+class EndpointList(BaseModel):
+    endpoints: list[EndpointInfo] = Field(description="By name.")
 
 
 class PruneResult(BaseModel):

@@ -32,7 +32,13 @@ from service.core import flow as rules
 from service.core.schema import UNFINISHED
 from service.processing.pipeline import gates_of
 from service.sources.base import AnySource
-from service.sources.config import DestinationConfig, ForwardConfig, RateLimit, SourceConfig
+from service.sources.config import (
+    DestinationConfig,
+    ForwardConfig,
+    RateLimit,
+    SourceConfig,
+    endpoint_source,
+)
 from service.sources.config_file import InboxConfig
 from service.store import admin as store
 from service.store import flow
@@ -59,7 +65,8 @@ async def stats(state: StateDep) -> Stats:
 
 
 def configured_limits(inbox: InboxConfig) -> dict[tuple[str, str | None], RateLimit]:
-    """Every rate limit configured: each source's (destination None), each destination's."""
+    """Every rate limit configured: each source's (destination None), each destination's,
+    each endpoint's (under its source, `outbox:NAME`)."""
     limits: dict[tuple[str, str | None], RateLimit] = {}
     for name, source in sorted(inbox.sources.items()):
         if source.config.rate_limit is not None:
@@ -67,6 +74,9 @@ def configured_limits(inbox: InboxConfig) -> dict[tuple[str, str | None], RateLi
         for destination, config in source.config.destinations.items():
             if config.rate_limit is not None:
                 limits[(name, destination)] = config.rate_limit
+    for name, endpoint in sorted(inbox.endpoints.items()):
+        if endpoint.rate_limit is not None:
+            limits[(endpoint_source(name), None)] = endpoint.rate_limit
     return limits
 
 

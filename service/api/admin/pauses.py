@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path
 
-from service.api.admin.models import PauseRequest, PauseResult, SourcePause
+from service.api.admin.models import SOURCE_PATTERN, PauseRequest, PauseResult, SourcePause
 from service.api.problems import ProblemError, problem_responses
 from service.api.security import AdminDep
 from service.api.state import AppState, StateDep
@@ -19,13 +19,18 @@ log = logging.getLogger("service.admin")
 router = APIRouter(tags=["admin: operations"])
 
 SourcePath = Annotated[
-    str, Path(pattern=r"^[a-z0-9_-]+$", max_length=200, description="A configured source.")
+    str,
+    Path(
+        pattern=SOURCE_PATTERN,
+        max_length=200,
+        description="A configured source, or `outbox:NAME` for an endpoint's outgoing messages.",
+    ),
 ]
 
 
 def configured(state: AppState, source: str) -> None:
-    if source not in state.inbox.sources:
-        names = ", ".join(sorted(state.inbox.sources)) or "none"
+    if source not in state.inbox.row_sources:
+        names = ", ".join(sorted(state.inbox.row_sources)) or "none"
         raise ProblemError(404, f"no source {source} is configured (configured: {names})")
 
 
