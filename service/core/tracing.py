@@ -230,6 +230,15 @@ def carrier_of(values: Mapping[str, Any] | None) -> dict[str, str] | None:
     return carrier
 
 
+def current_carrier() -> dict[str, str] | None:
+    """The current span's W3C trace context as data, for work another process continues later
+    (an outgoing message staged in a handler's attempt, or in an application's own traced
+    request); None when no span is current."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier_of(carrier)
+
+
 def _context_of(carrier: Carrier | None) -> Context | None:
     if not carrier:
         return None

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.types import LargeBinary
 
+from service.core import tracing
 from service.sources.config import DESTINATION_NAME, endpoint_source
 from service.store.notifications import NOTIFY_CHANNEL
 
@@ -43,14 +44,20 @@ RESERVED_HEADERS = frozenset(
 STAGE = text(
     f"""
     WITH staged AS (
-        INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type)
-        VALUES (:source, :message_id, :event_type, :headers, :body, :content_type)
+        INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type,
+                                    trace_context)
+        VALUES (:source, :message_id, :event_type, :headers, :body, :content_type,
+                :trace_context)
         ON CONFLICT (source, message_id) DO NOTHING
         RETURNING id
     )
     SELECT id, pg_notify('{NOTIFY_CHANNEL}', :source) FROM staged
     """  # noqa: S608 - a constant channel, no input
-).bindparams(bindparam("headers", type_=JSONB), bindparam("body", type_=LargeBinary))
+).bindparams(
+    bindparam("headers", type_=JSONB),
+    bindparam("body", type_=LargeBinary),
+    bindparam("trace_context", type_=JSONB),
+)
 
 
 def _body(payload: Any) -> tuple[bytes, str]:
@@ -141,6 +148,8 @@ def stage_values(
         "headers": kept,
         "body": body,
         "content_type": content_type,
+        # The trace it was staged in (a handler's attempt span), for its requests to continue.
+        "trace_context": tracing.current_carrier(),
     }
 
 

@@ -105,18 +105,25 @@ async def kill_while_holding_claims(
     db: asyncpg.Connection, victim: subprocess.Popen[bytes], timeout: float = 60, at_least: int = 1
 ) -> None:
     """SIGKILL `victim` (the process itself, no graceful stop) once some messages are done, at
-    the first moment it holds `at_least` claims: mid-batch, so its claims are abandoned (a
-    batch of several takes long enough that the kill, a round trip after the look, lands
-    before it commits, however loaded the machine)."""
+    a moment it holds `at_least` claims: mid-batch, so its claims are abandoned. It is frozen
+    (SIGSTOP) while its claims are counted, so that its batch cannot commit between the count
+    and the kill however loaded the machine; counted twice, so that a COMMIT it sent just
+    before it froze has landed. Holding fewer, it is let go (SIGCONT) and watched again."""
     deadline = time.monotonic() + timeout
     holding = "SELECT count(*) FROM inbox_claims WHERE actor LIKE '%:' || $1::text"
-    while (
-        await db.fetchval(PROCESSED) < 50 or await db.fetchval(holding, str(victim.pid)) < at_least
-    ):
+    pid = str(victim.pid)
+    while True:
         assert time.monotonic() < deadline, "no batch of the first process in flight"
-        assert await db.fetchval(PROCESSED) < TOTAL, "all done before a batch was caught"
+        done = await db.fetchval(PROCESSED)
+        assert done < TOTAL, "all done before a batch was caught"
+        if done >= 50 and await db.fetchval(holding, pid) >= at_least:
+            victim.send_signal(signal.SIGSTOP)
+            counts = [await db.fetchval(holding, pid) for _ in range(2)]
+            if min(counts) >= at_least:
+                crash(victim)
+                return
+            victim.send_signal(signal.SIGCONT)
         await asyncio.sleep(0.002)
-    crash(victim)
 
 
 async def drain_with_three(

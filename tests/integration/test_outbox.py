@@ -62,6 +62,7 @@ async def test_a_handler_that_stages_and_fails_sends_nothing_and_its_retry_sends
         async with worker_for(config) as client:
             await client.post("/webhooks/hooks", content=b"{}", headers=delivery("c1"))
             await wait_until(db, SENT, "processed", 10)
+            metrics = (await client.get("/metrics")).text
             failed = await db.fetch(
                 "SELECT outcome, error FROM inbox_attempts a JOIN inbox_messages m "
                 "ON m.id = a.message_id WHERE m.source = 'hooks' ORDER BY a.id"
@@ -78,6 +79,11 @@ async def test_a_handler_that_stages_and_fails_sends_nothing_and_its_retry_sends
     assert request.headers["content-type"] == "application/json"
     assert abs(int(request.headers["webhook-timestamp"]) - time.time()) < 60
     assert [tuple(r) for r in await db.fetch(OUTGOING)] == [("processed", 1, "hooks:c1:1")]
+    # The endpoint's series, under its source.
+    sent = 'webhook_inbox_attempts_total{outcome="processed",source="outbox:crm"} 1.0'
+    assert sent in metrics
+    assert 'webhook_inbox_messages{source="outbox:crm",status="processed"} 1.0' in metrics
+    assert 'webhook_inbox_dead_letters{source="outbox:crm"} 0.0' in metrics
 
 
 async def test_an_unknown_endpoint_fails_the_attempt_at_the_call(

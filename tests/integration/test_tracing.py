@@ -299,3 +299,28 @@ async def test_a_dapr_envelope_traceparent_is_continued(
     assert hex_trace(delivered) == TRACE_ID
     assert delivered.attributes is not None
     assert delivered.attributes["inbox.kind"] == "dapr"
+
+
+async def test_an_outgoing_message_continues_the_trace_it_was_staged_in(
+    worker_for: AppFactory, db: asyncpg.Connection, spans: InMemorySpanExporter
+) -> None:
+    async with scripted_server() as crm:
+        config = {
+            "sources": {"hooks": source("tests.handlers:stage_then_fail_first")},
+            "endpoints": {"crm": {"url": crm.url, "timeout_seconds": 2}},
+        }
+        async with worker_for(config) as client:
+            await client.post(
+                "/webhooks/hooks",
+                content=b"{}",
+                headers={**delivery("o1"), "traceparent": TRACEPARENT},
+            )
+            sent = "SELECT status FROM inbox_messages WHERE source = 'outbox:crm'"
+            await wait_until(db, sent, "processed", 10)
+    (request,) = crm.requests
+    assert request.headers["traceparent"].split("-")[1] == TRACE_ID
+    staged_in = [s for s in named(spans, "process hooks") if s.status.is_ok]
+    (relayed,) = named(spans, "process outbox:crm")
+    assert relayed.parent is not None
+    assert [s.context.span_id for s in staged_in if s.context] == [relayed.parent.span_id]
+    assert hex_trace(relayed) == TRACE_ID
