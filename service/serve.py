@@ -80,6 +80,8 @@ def banner(settings: Settings, inbox: InboxConfig, host: str, port: int) -> str:
     else:
         lines.append("admin tokens: from INBOX_ADMIN_TOKENS")
     lines.append(f"sources: {', '.join(inbox.sources) or 'none (set INBOX_CONFIG)'}")
+    if inbox.endpoints:
+        lines.append(f"outbox endpoints: {', '.join(inbox.endpoints)}")
     for source in inbox.sources.values():
         example = source.example_curl(base)
         if example:

@@ -291,3 +291,13 @@ def test_an_endpoint_is_checked_at_start_naming_its_key(monkeypatch: pytest.Monk
     assert crm.rate_limit is not None
     assert crm.rate_limit.per_second == 5
     assert crm.source_config().forward is crm
+
+
+def test_the_start_banner_names_the_outbox_endpoints(tmp_path: Path) -> None:
+    from service.serve import banner
+
+    raw = {"endpoints": {"inventory": {"url": "http://127.0.0.1:9/"}, "crm": {"url": "http://x/"}}}
+    settings = Settings(database_url="postgresql://x@127.0.0.1/x", data_dir=tmp_path)
+    lines = banner(settings, parse_inbox_config(raw), "127.0.0.1", 8000).splitlines()
+    assert "outbox endpoints: inventory, crm" in lines
+    assert "outbox endpoints" not in banner(settings, parse_inbox_config({}), "h", 1)
