@@ -31,6 +31,7 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 OUTGOING = "SELECT status, attempts, message_id FROM inbox_messages WHERE source = 'outbox:crm'"
 SENT = "SELECT status FROM inbox_messages WHERE source = 'outbox:crm'"
 DEAD = "SELECT count(*) FROM inbox_messages WHERE status = 'dead'"
+PROCESSED = "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"
 
 
 def with_crm(url: str, *handlers: str, **endpoint: object) -> dict[str, object]:
@@ -221,3 +222,28 @@ def test_a_derived_key_is_the_message_and_the_position_or_its_hash() -> None:
     assert hashed.startswith("sha256:")
     assert len(hashed) == 71
     assert hashed == outbox.derived_key("hooks", "commande n° 1", None, 1)
+
+
+async def test_an_endpoints_retry_after_and_rate_limit_hold_its_messages_without_an_attempt(
+    worker_for: AppFactory, db: asyncpg.Connection, database_url: str
+) -> None:
+    # One attempt each: were the 429 or the rate limit to spend it, the message would be dead.
+    engine = create_async_engine(database_url.replace("postgresql://", "postgresql+asyncpg://"))
+    async with scripted_server((429, {"Retry-After": "1"})) as crm:
+        config = with_crm(crm.url, max_attempts=1, rate_limit="4/s")
+        async with worker_for(config):
+            try:
+                async with engine.begin() as conn:
+                    for n in range(6):
+                        await outbox.send_async(conn, "crm", {"n": n}, key=f"r{n}")
+            finally:
+                await engine.dispose()
+            await wait_until(db, f"{PROCESSED} AND source = 'outbox:crm'", 6, 15)
+    assert await db.fetchval(DEAD) == 0
+    assert await db.fetchval("SELECT max(attempts) FROM inbox_messages") == 1
+    sent = sorted(r.at for r in crm.requests if r.status == 200)
+    # Six at 4/s with a burst of four: the last two wait a token each.
+    assert sent[-1] - sent[0] >= 0.4, sent
+    first = crm.requests[0]
+    again = [r for r in crm.requests if r.headers["webhook-id"] == first.headers["webhook-id"]]
+    assert again[1].at - first.at >= 1.0  # the 429's Retry-After, no attempt spent
