@@ -22,7 +22,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 
 from service.api.security import token_fingerprint
 from service.sources.github import github_signature
-from tests.admin_seed import TOKEN, seed
+from tests.admin_seed import AUTH, TOKEN, seed
 from tests.console_handlers import DOWN_FLAG_ENV
 from tests.pg import asyncpg_dsn, empty_tables
 from tests.processing_helpers import create_effects, wait_until
@@ -83,6 +83,10 @@ handlers = ["tests.handlers:record_billing"]
 [sources.signed]
 kind = "github"
 secrets = ["console-test-github-secret"]
+
+# The Outbox page's endpoint; nothing listens there, and its test pauses it before staging.
+[endpoints.crm]
+url = "http://127.0.0.1:9/crm"
 """
 
 
@@ -368,6 +372,34 @@ async def test_a_source_page_shows_its_configuration_destinations_counts_and_lat
     await expect(latest).to_have_count(1)
     await expect(latest).to_contain_text("evt_shop")
     await expect(page.locator("#pause-state")).to_contain_text("Running")
+
+
+async def test_the_outbox_page_counts_an_endpoints_messages_and_opens_its_dead_ones(
+    console: Console, page: Page
+) -> None:
+    async with httpx.AsyncClient(base_url=console.url, headers=AUTH) as client:
+        paused = await client.post(
+            "/admin/sources/outbox:crm/pause", json={"operator": "Ada", "reason": "crm migrating"}
+        )
+    assert paused.status_code == 200, paused.text  # so that the relay leaves the pending one
+    await seed(console.db, "out_refused", source="outbox:crm", status="dead", last_error="400")
+    await seed(console.db, "out_waiting", source="outbox:crm", age=timedelta(minutes=3))
+    await sign_in(page, console)
+    await page.get_by_role("navigation").get_by_role("link", name="Outbox").click()
+    await expect(page).to_have_url(console.url + "/console/outbox")
+    row = page.get_by_role("row", name="crm")
+    await expect(row).to_contain_text("http://127.0.0.1:9/crm")
+    await expect(row.get_by_role("link", name="1 pending")).to_be_visible()
+    await expect(row).to_contain_text("3 min")  # the oldest unsent
+    await expect(row).to_contain_text("paused by Ada: crm migrating")
+    await row.get_by_role("link", name="1 dead").click()
+    await expect(page).to_have_url(
+        console.url + "/console/messages?source=outbox%3Acrm&status=dead"
+    )
+    await expect(page.get_by_label("Source")).to_have_value("outbox:crm")
+    listed = page.locator("table.messages tbody tr")
+    await expect(listed).to_have_count(1)
+    await expect(listed).to_contain_text("out_refused")
 
 
 async def test_bulk_retry_of_a_filter_after_its_dry_run_count(console: Console, page: Page) -> None:

@@ -40,6 +40,7 @@ PAGES = [
     "/console/dead-letters",
     "/console/bulk-retry?status=dead",
     "/console/rejected",
+    "/console/outbox",
 ]
 FRAGMENTS = ["/console/overview/live", "/console/messages/{id}/live"]
 ACTIONS = [
@@ -485,3 +486,52 @@ async def test_the_attempt_history_reads_in_order_across_a_console_retry(
     )
     assert rows == [("1", "failed"), ("2", "dead"), ("2", "admin_retry"), ("3", "processed")]
     assert (row["attempts"], row["budget_start"]) == (2, 2)
+
+
+async def test_the_outbox_page_shows_each_endpoint_and_links_its_messages(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # The URL is the operator's: its password hidden, the rest (markup included) as text.
+    hostile_url = "https://user:s3cret@crm.example/hook?q=" + HOSTILE
+    config = {**CONFIG, "endpoints": {"crm": {"url": hostile_url, "secret": "whsec_" + "A" * 32}}}
+    dead = await seed(db, "out-1", source="outbox:crm", status="dead", last_error=HOSTILE)
+    await seed(db, "out-2", source="outbox:crm", status="pending", age=timedelta(minutes=7))
+    await seed(db, "in-1", source="hooks", status="dead")
+    await db.execute(
+        "INSERT INTO inbox_breakers (source, failures, open_until, opened_at, last_error) "
+        "VALUES ('outbox:crm', 20, now() + interval '1 hour', now(), $1)",
+        HOSTILE,
+    )
+    async with client_for(config, admin_tokens=[TOKEN]) as client:
+        await sign_in(client)
+        paused = await client.post(
+            "/admin/sources/outbox:crm/pause",
+            json={"operator": "Ada", "reason": "crm is migrating"},
+            headers=AUTH,
+        )
+        outbox = await client.get("/console/outbox")
+        listed = await client.get("/console/messages?source=outbox:crm&status=dead")
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        await sign_in(client)
+        none = await client.get("/console/outbox")
+    assert paused.status_code == 200, paused.text
+    assert outbox.status_code == 200
+    assert 'aria-current="page">Outbox</a>' in outbox.text
+    row = outbox.text.split('id="endpoint-crm"')[1].split("</tr>")[0]
+    assert "s3cret" not in outbox.text
+    assert "<script>alert" not in outbox.text
+    assert "img" not in page_parts(outbox.text).elements
+    assert str(escape(HOSTILE)) in row  # in the URL and in the breaker's last error
+    assert ">yes</td>" in row  # signed
+    link = "/console/messages?" + urlencode({"source": "outbox:crm", "status": "dead"})
+    assert f'href="{escape(link)}" aria-label="1 dead">1</a>' in row
+    assert "7 min" in row  # the oldest unsent
+    assert ">open</span>" in row
+    assert "paused</span> by Ada: crm is migrating" in row
+    assert listed.status_code == 200
+    assert f">{dead}</a>" in listed.text
+    assert ">in-1</a>" not in listed.text
+    assert 'value="outbox:crm" selected>outbox:crm</option>' in listed.text
+    assert none.status_code == 200
+    assert "No endpoint is configured" in none.text
+    assert "[endpoints.NAME]" in none.text

@@ -36,6 +36,7 @@ from service.api.console.views import FILTER_KEYS, PAGING_KEYS, url
 from service.api.problems import ProblemError
 from service.api.state import AppState, StateDep
 from service.core.schema import UNFINISHED
+from service.sources.config import endpoint_source
 from service.store import admin as store
 from service.store.admin import MessageFilter
 
@@ -123,8 +124,13 @@ def cleaned(request: Request, keys: tuple[str, ...]) -> tuple[list[tuple[str, st
     return items, items == pairs
 
 
-async def source_names(state: AppState) -> list[str]:
-    return [s.name for s in (await operations.sources(state)).sources]
+async def source_names(state: AppState, *, outgoing: bool = True) -> list[str]:
+    """The sources a filter offers: the configured ones, then (with `outgoing`) each endpoint's
+    `outbox:NAME`, whose outgoing messages are listed, retried and followed like incoming ones."""
+    names = [s.name for s in (await operations.sources(state)).sources]
+    if outgoing:
+        names += [endpoint_source(name) for name in sorted(state.inbox.endpoints)]
+    return names
 
 
 @router.get("/messages")

@@ -30,7 +30,7 @@ async def rejected(request: Request, state: StateDep, operator: OperatorDep) -> 
         "rejected.html",
         title="Rejected deliveries",
         nav="rejected",
-        sources=await source_names(state),
+        sources=await source_names(state, outgoing=False),  # an endpoint receives nothing
         form=dict(items),
         problems=problems,
         page=page,
