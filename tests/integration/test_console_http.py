@@ -511,6 +511,7 @@ async def test_the_outbox_page_shows_each_endpoint_and_links_its_messages(
         )
         outbox = await client.get("/console/outbox")
         listed = await client.get("/console/messages?source=outbox:crm&status=dead")
+        overview = await client.get("/console/")
     async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
         await sign_in(client)
         none = await client.get("/console/outbox")
@@ -528,6 +529,10 @@ async def test_the_outbox_page_shows_each_endpoint_and_links_its_messages(
     assert "7 min" in row  # the oldest unsent
     assert ">open</span>" in row
     assert "paused</span> by Ada: crm is migrating" in row
+    # The overview counts the endpoint's messages as an endpoint's, linked to the Outbox page.
+    counted = overview.text.split(">outbox:crm</a></th>")[1].split("</tr>")[0]
+    assert "<td>outbox endpoint</td>" in counted
+    assert '<a href="/console/outbox">the outbox</a>' in counted
     assert listed.status_code == 200
     assert f">{dead}</a>" in listed.text
     assert ">in-1</a>" not in listed.text

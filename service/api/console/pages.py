@@ -61,6 +61,10 @@ NOTICES = {
 }
 
 
+# The overview's kind of an endpoint's row (the template links it to the Outbox page).
+OUTBOX_KIND = "outbox endpoint"
+
+
 @dataclass(frozen=True)
 class SourceRow:
     name: str
@@ -76,6 +80,8 @@ async def overview_context(state: AppState) -> dict[str, Any]:
     activity = await operations.activity(state, ActivityQuery())
     listed = (await operations.sources(state)).sources
     configured = {s.name: s.kind for s in listed}
+    # The outbox's endpoints: their outgoing messages are counted as a source's, `outbox:NAME`.
+    configured.update((endpoint_source(name), OUTBOX_KIND) for name in state.inbox.endpoints)
     paused = {s.name: s.paused for s in listed}
     circuits = {
         s.name: s.breaker.state for s in listed if s.breaker and s.breaker.state != "closed"
