@@ -94,3 +94,43 @@ async def insert_or_fail(message: InboxMessage, ctx: HandlerContext) -> None:
         raise SoakFailure("bench/soak: this id always fails")
     if "-flaky-" in message.message_id and message.attempt == 1:
         raise SoakFailure("bench/soak: this id fails once")
+
+
+# bench/outbox's two services: A's handler stages a `StockReserved` for B, B's takes one from
+# the stock. `at` in B's table is the effect's own clock (clock_timestamp()), which the bench
+# compares with the sender's wall clock when A answered (both on this machine).
+STOCK_DDL = """
+CREATE TABLE IF NOT EXISTS bench_stock (sku text PRIMARY KEY, count integer NOT NULL);
+CREATE TABLE IF NOT EXISTS bench_stock_effects (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    payment text        NOT NULL,
+    sku     text        NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+# One round trip: the stock's row and the effect's.
+TAKE_STOCK = text(
+    """
+    WITH taken AS (UPDATE bench_stock SET count = count - 1 WHERE sku = :sku)
+    INSERT INTO bench_stock_effects (payment, sku) VALUES (:payment, :sku)
+    """
+)
+
+
+async def reserve_stock(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Service A: a payment stages one `StockReserved` to the `inventory` endpoint (B), in the
+    handler's transaction, under the key derived from the payment's message."""
+    payment = message.payload
+    await ctx.outbox.send(
+        "inventory",
+        {"type": "StockReserved", "data": {"payment": payment["id"], "sku": payment["sku"]}},
+        event_type="StockReserved",
+    )
+
+
+async def decrement_stock(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Service B: a `StockReserved` takes one from its sku's stock and records which payment
+    did, with the message's processed mark."""
+    data = message.payload["data"]
+    await ctx.session.execute(TAKE_STOCK, {"sku": data["sku"], "payment": data["payment"]})
