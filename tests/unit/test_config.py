@@ -301,3 +301,25 @@ def test_the_start_banner_names_the_outbox_endpoints(tmp_path: Path) -> None:
     lines = banner(settings, parse_inbox_config(raw), "127.0.0.1", 8000).splitlines()
     assert "outbox endpoints: inventory, crm" in lines
     assert "outbox endpoints" not in banner(settings, parse_inbox_config({}), "h", 1)
+
+
+def test_a_broker_kind_without_its_client_is_one_line_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from service.consumers.command import broker_sources, client_factories
+
+    config = parse_inbox_config(
+        {"sources": {"orders": {"kind": "rabbitmq", "url": "amqp://x", "queue": "orders"}}}
+    )
+    monkeypatch.setitem(sys.modules, "aio_pika", None)  # as if not installed
+    with pytest.raises(ConfigError) as refused:
+        client_factories(broker_sources(config.sources))
+    assert str(refused.value) == (
+        "sources.orders: kind 'rabbitmq' needs the aio_pika package: "
+        "install webhook-inbox[rabbitmq]"
+    )
+
+
+def test_a_broker_source_is_async_only() -> None:
+    table = {"kind": "rabbitmq", "url": "amqp://x", "queue": "orders", "mode": "sync"}
+    assert 'the worker (mode = "async")' in error_for({"sources": {"orders": table}})
