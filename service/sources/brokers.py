@@ -131,16 +131,56 @@ class RabbitMQSource(BrokerSource):
         return self.config.dead_letter_queue or f"{self.config.queue}.dead"
 
 
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether a NATS subject filter (`*` one token, `>` the rest) matches a literal subject."""
+    tokens, wanted = pattern.split("."), subject.split(".")
+    for at, token in enumerate(tokens):
+        if token == ">":
+            return len(wanted) > at
+        if at >= len(wanted) or token not in ("*", wanted[at]):
+            return False
+    return len(tokens) == len(wanted)
+
+
+def _has_wildcard(subject: str) -> bool:
+    return any(token in ("*", ">") for token in subject.split("."))
+
+
+# JetStream refuses a `.` in a stream's or a consumer's name (it is a subject separator).
+JetStreamName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_:-]{1,250}$")]
+
+
 class NatsConfig(BrokerConfig):
     """`kind = "nats"`: a JetStream stream read by a durable pull consumer."""
 
-    stream: Name
+    stream: JetStreamName
     subject: Annotated[str, Field(pattern=r"^[^\s]{1,255}$")]
-    durable: Name = "webhook-inbox"
+    durable: JetStreamName = "webhook-inbox"
     # A subject some stream keeps, where a message that cannot be recorded is published.
     dead_letter_subject: Annotated[str, Field(pattern=r"^[^\s]{1,255}$")] | None = None
     # Seconds a message taken and not acked waits before JetStream hands it out again.
     ack_wait_seconds: float = Field(default=30.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _dead_letters_leave_the_subject(self) -> NatsConfig:
+        # A dead letter is published to one subject, so it cannot be a wildcard; and one the
+        # consumer reads would come back to it, be dead-lettered again, and so on forever.
+        dead = self.dead_letter_subject
+        if dead is None:
+            if _has_wildcard(self.subject):
+                raise ValueError(
+                    f"subject {self.subject!r} has a wildcard: set dead_letter_subject to a "
+                    "subject without one that it does not match"
+                )
+            return self
+        if _has_wildcard(dead):
+            raise ValueError(f"dead_letter_subject {dead!r} must not have a wildcard")
+        if subject_matches(self.subject, dead):
+            raise ValueError(
+                f"dead_letter_subject {dead!r} is matched by subject {self.subject!r}: the "
+                "consumer would read its own dead letters; choose a subject outside it"
+            )
+        return self
 
 
 class NatsSource(BrokerSource):

@@ -323,3 +323,32 @@ def test_a_broker_kind_without_its_client_is_one_line_naming_the_extra(
 def test_a_broker_source_is_async_only() -> None:
     table = {"kind": "rabbitmq", "url": "amqp://x", "queue": "orders", "mode": "sync"}
     assert 'the worker (mode = "async")' in error_for({"sources": {"orders": table}})
+
+
+def test_a_nats_dead_letter_subject_is_one_subject_the_consumer_does_not_read() -> None:
+    base = {"kind": "nats", "url": "nats://x", "stream": "ORDERS"}
+
+    def nats_error(**keys: str) -> str:
+        return error_for({"sources": {"orders": {**base, **keys}}})
+
+    assert "set dead_letter_subject to a subject without one" in nats_error(subject="orders.*")
+    assert "must not have a wildcard" in nats_error(
+        subject="orders.new", dead_letter_subject="dead.>"
+    )
+    assert "the consumer would read its own dead letters" in nats_error(
+        subject="orders.>", dead_letter_subject="orders.dead"
+    )
+    assert "stream" in nats_error(subject="orders", stream="orders.v1")  # no `.` in a name
+    fine = {**base, "subject": "orders.>", "dead_letter_subject": "dead.orders"}
+    parse_inbox_config({"sources": {"orders": fine}})
+
+
+def test_subject_matches_as_nats_does() -> None:
+    from service.sources.brokers import subject_matches
+
+    assert subject_matches("a.*.c", "a.b.c")
+    assert subject_matches("a.>", "a.b.c")
+    assert not subject_matches("a.>", "a")
+    assert not subject_matches("a.*", "a.b.c")
+    assert not subject_matches("a.b", "a.b.dead")
+    assert subject_matches("a.b", "a.b")
