@@ -96,7 +96,7 @@ async def test_ten_thousand_with_a_fifth_duplicates_store_each_id_once_and_ack_a
         worker_for({"sources": {"orders": table}}),
         consuming(database_url, source, NatsClient) as consumer,
     ):
-        await wait_until(db, "SELECT count(*) FROM effects", distinct, 120)
+        await wait_until(db, "SELECT count(*) FROM effects", distinct, 300)
         await wait_until(db, "SELECT sum(receive_count) FROM inbox_messages", len(ids), 30)
     assert await consumer_counts(js, stream) == (0, 0)
     assert tuple(await db.fetchrow(RECEIVED)) == (distinct, len(ids))

@@ -67,6 +67,7 @@ async def test_ten_thousand_with_a_fifth_duplicates_store_each_id_once_and_ack_a
     channel: aio_pika.abc.AbstractChannel,
     queue: str,
 ) -> None:
+    # 10,000 published, a fifth of them a second copy of an earlier one.
     distinct = 8_000
     ids = [f"m{i}" for i in range(distinct)] + [f"m{i}" for i in range(0, distinct, 4)]
     bodies = [(m, f'{{"id": "{m}"}}'.encode()) for m in ids]
@@ -77,7 +78,7 @@ async def test_ten_thousand_with_a_fifth_duplicates_store_each_id_once_and_ack_a
         worker_for({"sources": {"orders": table}}),
         consuming(database_url, source, RabbitMQClient) as consumer,
     ):
-        await wait_until(db, "SELECT count(*) FROM effects", distinct, 120)
+        await wait_until(db, "SELECT count(*) FROM effects", distinct, 300)
         await wait_until(db, "SELECT sum(receive_count) FROM inbox_messages", len(ids), 30)
     assert await waiting(channel, queue) == 0
     assert tuple(await db.fetchrow(RECEIVED)) == (distinct, len(ids))
