@@ -1,6 +1,6 @@
 # webhook-inbox: the service image. Build: docker build -t webhook-inbox .
 # Runs against DATABASE_URL (see docker-compose.yml): the embedded PostgreSQL (the `embedded`
-# extra) is for laptops and is not installed here.
+# extra) is for laptops and is not installed here; the broker sources' clients are.
 #
 # Your handlers: the working directory /app is importable, so a package copied or mounted at
 # /app/myapp is `handlers = ["myapp.orders:on_order"]`. Either build on this image:
@@ -15,13 +15,14 @@ RUN pip install --no-cache-dir uv==0.13.9
 WORKDIR /app
 # Dependencies first, so a code change does not reinstall them.
 COPY pyproject.toml uv.lock README.md ./
-RUN uv sync --frozen --no-dev --no-install-project
+RUN uv sync --frozen --no-dev --no-install-project --extra rabbitmq --extra nats --extra redis
 COPY service ./service
 COPY alembic ./alembic
 COPY alembic.ini ./
 # UV_COMPILE_BYTECODE compiles site-packages only; the project is installed editable, so its
 # own modules are compiled here too, and no process of the image compiles them when it starts.
-RUN uv sync --frozen --no-dev && .venv/bin/python -m compileall -q service alembic
+RUN uv sync --frozen --no-dev --extra rabbitmq --extra nats --extra redis \
+    && .venv/bin/python -m compileall -q service alembic
 
 FROM python:3.12-slim
 # A fixed numeric id, so that `USER` needs no passwd lookup and mounted files can be owned by it.

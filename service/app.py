@@ -24,7 +24,7 @@ from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import InboxConfig, load_inbox_config
 from service.store.counts import ProcessedCounts
 from service.store.errors import StoreUnavailable
-from service.store.group_commit import GroupCommitter
+from service.store.group_commit import ingest_committer
 from service.store.rejections import RejectionLog
 
 log = logging.getLogger("service.app")
@@ -62,15 +62,7 @@ def create_app(
         tokens, _ = ensure_admin_tokens(settings)
         url = database_url(settings)
         engine = create_engine(url, settings)
-        committer = GroupCommitter(
-            engine,
-            flushers=settings.ingest_flushers,
-            max_queued=settings.ingest_max_queued,
-            wait_timeout=settings.db_timeout_seconds * 2,
-            connect_timeout=settings.db_timeout_seconds,
-            on_rewrite=app_metrics.ingest_batch_rewritten,
-            on_kept_aside=app_metrics.ingest_redeliveries_kept_aside,
-        )
+        committer = ingest_committer(engine, settings, app_metrics)
         rejections = RejectionLog(
             engine,
             settings.rejected_per_source,

@@ -47,6 +47,14 @@ twice at once. SIGTERM or SIGINT stops claiming and lets in-flight batches finis
 grace period.
 """
 
+CONSUME_DESCRIPTION = """
+Consume the broker sources (kind rabbitmq, nats or redis-streams) alone: each message is recorded
+through the same group commit as an HTTP delivery, and acked on the broker only after its row is
+committed (a redelivery is counted and acked as a duplicate). A message that cannot be recorded
+(no id, too large) goes to the broker's dead letters. While the database is away nothing is
+acked. SIGTERM or SIGINT stops taking messages and settles those held.
+"""
+
 WORKER_EPILOG = (
     EPILOG
     + """Worker settings: INBOX_WORKER_CONCURRENCY (default 4), INBOX_WORKER_BATCH_SIZE (100),
@@ -96,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no processing processes: serve HTTP only, and run `worker` elsewhere",
     )
+    serve.add_argument(
+        "--consumer-processes",
+        type=int,
+        metavar="N",
+        help="broker consumer processes, each a `webhook-inbox consume` (default 1 when a "
+        "broker source is configured, else 0)",
+    )
     serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
 
     worker = command_parser(
@@ -110,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--poll-seconds", type=float, help="polling fallback period")
     worker.add_argument(
         "--grace-seconds", type=float, help="how long in-flight batches may finish at shutdown"
+    )
+
+    command_parser(
+        commands,
+        "consume",
+        help="run the broker consumers alone (no HTTP)",
+        description=CONSUME_DESCRIPTION,
+        epilog=EPILOG,
     )
 
     commands.add_parser(
@@ -223,6 +246,10 @@ def run_command(args: argparse.Namespace) -> None:
         serve(args)
     elif args.command == "worker":
         worker(args)
+    elif args.command == "consume":
+        from service.consumers.command import run_consume_command
+
+        run_consume_command()
     elif args.command == "migrate":
         from service.core.db import database_url, describe_url
         from service.serve import migrate

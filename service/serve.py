@@ -33,7 +33,7 @@ from service.core.admin_tokens import ensure_admin_tokens
 from service.core.db import EmbeddedPostgres, create_engine, describe_url
 from service.core.metrics import MULTIPROCESS_ENV
 from service.core.migrations import upgrade
-from service.core.settings import Settings
+from service.core.settings import ConfigError, Settings
 from service.sources.config_file import InboxConfig
 from service.store.errors import is_lock_timeout, translate_errors
 from service.supervisor import Role, Supervisor, can_fork, fork
@@ -170,6 +170,13 @@ def preload_children() -> None:
 def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> None:
     """Run `serve` until SIGTERM, SIGINT or SIGHUP; every child drains before it returns."""
     check_children_config()
+    if consumer_processes(args, inbox):
+        from service.consumers.command import broker_sources, client_factories
+
+        try:
+            client_factories(broker_sources(inbox.sources))
+        except ConfigError as exc:
+            raise SystemExit(f"config error: {exc}") from None
     for source, warning in inbox.warnings().items():
         log.warning(warning, extra={"source": source})
     embedded = None if settings.database_url else EmbeddedPostgres.start(settings.data_dir)
@@ -202,6 +209,13 @@ def serve(args: argparse.Namespace, settings: Settings, inbox: InboxConfig) -> N
                 processes,
                 run=run_processing_child,
                 title=child_title("processing"),
+            ),
+            Role(
+                "consumer",
+                [*python, "service", "consume"],
+                consumer_processes(args, inbox),
+                run=run_consumer_child,
+                title=child_title("consumer"),
             ),
         ]
         state = state_dir / "children.json"
@@ -278,6 +292,28 @@ def run_http_child() -> None:
     settle_collector()
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
+
+
+def consumer_processes(args: argparse.Namespace, inbox: InboxConfig) -> int:
+    """`--consumer-processes`, by default one when a broker source is configured."""
+    from service.sources.brokers import BrokerSource
+
+    if args.consumer_processes is not None:
+        return int(args.consumer_processes)
+    return int(any(isinstance(s, BrokerSource) for s in inbox.sources.values()))
+
+
+def run_consumer_child() -> None:
+    """One consumer child: `webhook-inbox consume` until SIGTERM."""
+    from service.commands.outcome import CommandError, exit_with
+    from service.consumers.command import run_consume_command
+    from service.core.metrics import follow_multiprocess_environment
+
+    follow_multiprocess_environment()
+    try:
+        run_consume_command()
+    except CommandError as exc:
+        exit_with(exc, "consume")
 
 
 def run_processing_child() -> None:

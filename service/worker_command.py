@@ -48,6 +48,20 @@ async def migrated(settings: Settings, url: str) -> bool:
         await engine.dispose()
 
 
+async def ready_to_run(settings: Settings, url: str) -> asyncio.Event:
+    """The event SIGTERM or SIGINT sets, once the database is known to be migrated (or
+    unreachable, then waited for): how a long-running command (`worker`, `consume`) starts."""
+    from service.core.db import describe_url
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if not await migrated(settings, url):
+        raise not_migrated(describe_url(url))
+    return stop
+
+
 def run_worker_command(
     *,
     concurrency: int | None = None,
@@ -77,12 +91,7 @@ def run_worker_command(
     settle_collector()
 
     async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        if not await migrated(settings, url):
-            raise not_migrated(describe_url(url))
+        stop = await ready_to_run(settings, url)
         metrics = Metrics(sources=inbox.row_sources)
         await run_worker(settings, url, pipelines, stop, metrics=metrics, retention=inbox)
 

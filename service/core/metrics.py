@@ -15,6 +15,7 @@ from typing import TypeVar
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -218,6 +219,22 @@ class Metrics:
             ["source", "destination"],
             registry=self.registry,
         )
+        self.consumer_messages = Counter(
+            "webhook_inbox_consumer_messages",
+            "Broker messages settled by the consumers, by source and outcome: accepted and "
+            "duplicate (acked after their commit), dead_lettered (moved to the broker's dead "
+            "letters), released (handed back unrecorded), ack_lost (recorded, the ack lost with "
+            "the connection: redelivered as a duplicate).",
+            ["source", "outcome"],
+            registry=self.registry,
+        )
+        self.consumer_connections = Gauge(
+            "webhook_inbox_consumer_connected",
+            "1 while a consumer process of the broker source is connected and subscribed.",
+            ["source"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
         self.breaker_transitions = Counter(
             "webhook_inbox_breaker_transitions",
             "Circuit breaker changes of forwards, by source, destination (empty for the "
@@ -374,6 +391,12 @@ class Metrics:
         _child(
             self._attempt_counters, self.destination_attempts, source, destination, outcome
         ).inc()
+
+    def consumer_message(self, source: str, outcome: str) -> None:
+        self.consumer_messages.labels(source, outcome).inc()
+
+    def consumer_connected(self, source: str, connected: bool) -> None:
+        self.consumer_connections.labels(source).set(1 if connected else 0)
 
     def rate_limit_claimed(self, source: str, count: int, destination: str = "") -> None:
         self.rate_limited_claims.labels(source, destination).inc(count)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from service.sources.base import AnySource, Source
+from service.sources.brokers import BROKER_KINDS
 from service.sources.cloudevents import CloudEventsSource
 from service.sources.dapr import DaprSource
 from service.sources.eventgrid import EventGridSource
@@ -15,21 +16,19 @@ from service.sources.sns import SnsSource
 from service.sources.standard_webhooks import StandardWebhooksSource
 from service.sources.stripe import StripeSource
 
-KINDS: dict[str, type[AnySource]] = {
-    cls.kind: cls
-    for cls in (
-        GenericSource,
-        StandardWebhooksSource,
-        StripeSource,
-        GitHubSource,
-        ShopifySource,
-        SlackSource,
-        PubSubSource,
-        SnsSource,
-        EventGridSource,
-        CloudEventsSource,
-        DaprSource,
-    )
-}
+_HTTP_KINDS: tuple[type[AnySource], ...] = (
+    GenericSource,
+    StandardWebhooksSource,
+    StripeSource,
+    GitHubSource,
+    ShopifySource,
+    SlackSource,
+    PubSubSource,
+    SnsSource,
+    EventGridSource,
+    CloudEventsSource,
+    DaprSource,
+)
+KINDS: dict[str, type[AnySource]] = {cls.kind: cls for cls in (*_HTTP_KINDS, *BROKER_KINDS)}
 
 __all__ = ["KINDS", "Source"]

@@ -14,6 +14,8 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.db import command_timeout
+from service.core.metrics import Metrics
+from service.core.settings import Settings
 from service.sources.base import Message, Recorded
 from service.store.errors import (
     StoreOverloaded,
@@ -561,3 +563,19 @@ class GroupCommitter:
                     recorded.append(Recorded(message.message_id, "duplicate", None))
             results.append(recorded)
         return results
+
+
+def ingest_committer(
+    engine: AsyncEngine, settings: Settings, metrics: Metrics | None = None
+) -> GroupCommitter:
+    """The group commit of a process that takes deliveries (HTTP ingest, a broker consumer),
+    bounded by the settings' flushers, queue and timeouts."""
+    return GroupCommitter(
+        engine,
+        flushers=settings.ingest_flushers,
+        max_queued=settings.ingest_max_queued,
+        wait_timeout=settings.db_timeout_seconds * 2,
+        connect_timeout=settings.db_timeout_seconds,
+        on_rewrite=None if metrics is None else metrics.ingest_batch_rewritten,
+        on_kept_aside=None if metrics is None else metrics.ingest_redeliveries_kept_aside,
+    )

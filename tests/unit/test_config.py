@@ -301,3 +301,54 @@ def test_the_start_banner_names_the_outbox_endpoints(tmp_path: Path) -> None:
     lines = banner(settings, parse_inbox_config(raw), "127.0.0.1", 8000).splitlines()
     assert "outbox endpoints: inventory, crm" in lines
     assert "outbox endpoints" not in banner(settings, parse_inbox_config({}), "h", 1)
+
+
+def test_a_broker_kind_without_its_client_is_one_line_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from service.consumers.command import broker_sources, client_factories
+
+    config = parse_inbox_config(
+        {"sources": {"orders": {"kind": "rabbitmq", "url": "amqp://x", "queue": "orders"}}}
+    )
+    monkeypatch.setitem(sys.modules, "aio_pika", None)  # as if not installed
+    with pytest.raises(ConfigError) as refused:
+        client_factories(broker_sources(config.sources))
+    assert str(refused.value) == (
+        "sources.orders: kind 'rabbitmq' needs the aio_pika package: "
+        "install webhook-inbox[rabbitmq]"
+    )
+
+
+def test_a_broker_source_is_async_only() -> None:
+    table = {"kind": "rabbitmq", "url": "amqp://x", "queue": "orders", "mode": "sync"}
+    assert 'the worker (mode = "async")' in error_for({"sources": {"orders": table}})
+
+
+def test_a_nats_dead_letter_subject_is_one_subject_the_consumer_does_not_read() -> None:
+    base = {"kind": "nats", "url": "nats://x", "stream": "ORDERS"}
+
+    def nats_error(**keys: str) -> str:
+        return error_for({"sources": {"orders": {**base, **keys}}})
+
+    assert "set dead_letter_subject to a subject without one" in nats_error(subject="orders.*")
+    assert "must not have a wildcard" in nats_error(
+        subject="orders.new", dead_letter_subject="dead.>"
+    )
+    assert "the consumer would read its own dead letters" in nats_error(
+        subject="orders.>", dead_letter_subject="orders.dead"
+    )
+    assert "stream" in nats_error(subject="orders", stream="orders.v1")  # no `.` in a name
+    fine = {**base, "subject": "orders.>", "dead_letter_subject": "dead.orders"}
+    parse_inbox_config({"sources": {"orders": fine}})
+
+
+def test_subject_matches_as_nats_does() -> None:
+    from service.sources.brokers import subject_matches
+
+    assert subject_matches("a.*.c", "a.b.c")
+    assert subject_matches("a.>", "a.b.c")
+    assert not subject_matches("a.>", "a")
+    assert not subject_matches("a.*", "a.b.c")
+    assert not subject_matches("a.b", "a.b.dead")
+    assert subject_matches("a.b", "a.b")

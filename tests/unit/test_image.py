@@ -33,10 +33,12 @@ def test_compose_waits_longer_than_the_drain_and_keeps_metrics_off_public_interf
     assert all(str(port).startswith("127.0.0.1:") for port in inbox["ports"])
 
 
-def test_the_image_is_pinned_non_root_healthchecked_and_without_the_embedded_database() -> None:
+def test_the_image_is_pinned_non_root_healthchecked_with_brokers_not_embedded_pg() -> None:
     assert re.search(r"pip install --no-cache-dir uv==\d+\.\d+\.\d+\n", DOCKERFILE)
     assert DOCKERFILE.count("uv sync --frozen --no-dev") == 2
-    assert "--extra" not in DOCKERFILE
+    # The broker clients, and never the embedded database.
+    assert DOCKERFILE.count("--extra rabbitmq --extra nats --extra redis") == 2
+    assert "--extra embedded" not in DOCKERFILE
     assert "--all-extras" not in DOCKERFILE
     assert re.search(r"^USER 10001:10001$", DOCKERFILE, re.M)
     assert re.search(r"^HEALTHCHECK .*\n\s+CMD \[\"python\"", DOCKERFILE, re.M)
