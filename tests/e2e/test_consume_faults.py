@@ -1,12 +1,16 @@
-"""`serve`'s consumer process SIGKILLed mid-stream, three times (issue 54): no message acked
-without its row, no effect twice, the unacked ones redelivered and counted as accepted or
-duplicates."""
+"""Broker consumers under faults, real processes against the real RabbitMQ (issue 54): `serve`'s
+consumer SIGKILLed mid-stream three times, its broker connection cut, and its PostgreSQL stopped
+for 20 s. No message acked without its row, none stored twice, no effect twice; the unacked
+ones redelivered and counted as accepted or duplicates."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import time
 import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -15,12 +19,16 @@ import asyncpg
 import psutil
 import pytest
 
+from service.core.db import asyncpg_dsn, create_engine
+from service.core.migrations import upgrade
+from service.core.settings import Settings
 from service.serve import child_title
 from tests.brokers import broker_url
 from tests.e2e.test_isolation import children_titled
+from tests.pg import EmbeddedServer
 from tests.processing_helpers import create_effects, wait_until
 from tests.server import ServerProcess, serve_env
-from tests.worker_process import wait_listening
+from tests.worker_process import start_worker, stop, wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -233,3 +241,104 @@ async def waiting_after_acks(
             left = int(declared.declaration_result.message_count or 0)
             await asyncio.sleep(0.1)
     return left
+
+
+PREFETCH = 10
+
+
+@pytest.fixture
+async def own_server() -> AsyncIterator[EmbeddedServer]:
+    """A PostgreSQL of this test's own, migrated, since the test stops it."""
+    server = await asyncio.to_thread(EmbeddedServer)
+    try:
+        engine = create_engine(server.url, Settings(database_url="x"))
+        await upgrade(engine)
+        await engine.dispose()
+        yield server
+    finally:
+        await asyncio.to_thread(server.close)
+
+
+async def ready_count(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
+    declared = await channel.declare_queue(queue, passive=True)
+    return int(declared.declaration_result.message_count or 0)
+
+
+async def test_postgres_stopped_for_20_s_acks_nothing_then_stores_everything_once(
+    own_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    url = broker_url("RABBITMQ_URL")
+    queue = f"inbox-test-{uuid.uuid4().hex[:12]}"
+    toml = f"""
+[sources.orders]
+kind = "rabbitmq"
+url = "{url}"
+queue = "{queue}"
+message_id = "/id"
+prefetch = {PREFETCH}
+"""
+    published = 0
+
+    async def publish(n: int) -> None:
+        nonlocal published
+        for _ in range(n):
+            body = f'{{"id": "m{published}"}}'.encode()
+            # Publisher confirms: the broker holds it once this returns.
+            await channel.default_exchange.publish(aio_pika.Message(body), routing_key=queue)
+            published += 1
+
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(queue, durable=True)
+        consumer = start_worker(own_server.url, toml, tmp_path, "consume", command="consume")
+        db = await asyncpg.connect(asyncpg_dsn(own_server.url))
+        try:
+            await wait_until(db, "SELECT bool_or(connected) FROM inbox_consumers", True, 30)
+            for _ in range(20):  # 100 a second, for a second
+                await publish(5)
+                await asyncio.sleep(0.05)
+            await wait_until(db, "SELECT count(*) FROM inbox_messages", published, 20)
+            await db.close()
+
+            await asyncio.to_thread(own_server.stop)
+            down_at = datetime.now(UTC)
+            # The consumer takes `prefetch` messages, then the broker sends no more.
+            for _ in range(10):
+                await publish(2)
+                await asyncio.sleep(0.1)
+            ready_then, published_then = await ready_count(channel, queue), published
+            assert ready_then > 0
+            seen = []
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                await publish(2)
+                ready = await ready_count(channel, queue)
+                seen.append(ready)
+                # Nothing acked: every message published since is still ready, none taken.
+                assert ready - ready_then == published - published_then, seen
+                await asyncio.sleep(0.1)
+            assert consumer.poll() is None, "the consumer must wait out the outage"
+            await asyncio.to_thread(own_server.start)
+
+            db = await asyncpg.connect(asyncpg_dsn(own_server.url))
+            stored_before = await db.fetchval(
+                "SELECT count(*) FROM inbox_messages WHERE received_at < $1", down_at
+            )
+            # On the broker all along: what was not stored, `prefetch` of it unacked.
+            assert ready_then + PREFETCH == published_then - stored_before
+            await wait_until(db, "SELECT count(*) FROM inbox_messages", published, 40)
+            assert await ready_count(channel, queue) == 0
+            assert await stop(consumer) == 0
+            # Nothing was left unacked (it would be ready again once the consumer closed).
+            assert await ready_count(channel, queue) == 0
+            assert await db.fetchval("SELECT count(DISTINCT message_id) FROM inbox_messages") == (
+                published
+            )
+            assert await db.fetchval("SELECT count(*) FROM inbox_consumers") == 0
+        finally:
+            if consumer.poll() is None:
+                consumer.kill()
+            await db.close()
+            await channel.queue_delete(queue)
+            await channel.queue_delete(f"{queue}.dead")
