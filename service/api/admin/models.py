@@ -395,7 +395,8 @@ class ConsumerInfo(BaseModel):
     consumer: str = Field(description="The process: `hostname:pid`.")
     connected: bool = Field(description="Connected to the broker and subscribed.")
     state: str = Field(
-        description="`connecting`, `connected`, `waiting for the database` or `disconnected`."
+        description="`starting`, `connecting`, `connected`, `waiting for the database` or "
+        "`disconnected`."
     )
     last_error: str | None = Field(
         description="Why it last lost the broker (or could not record, the database away)."
