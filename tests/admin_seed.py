@@ -33,6 +33,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/sources/hooks/resume"),
     ("GET", "/admin/rejected"),
     ("GET", "/admin/tail"),
+    ("GET", "/admin/consumers"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Starting `webhook-inbox worker` as a real process against the test database."""
+"""Starting `webhook-inbox worker` (or `consume`) as a real process against the test database."""
 
 from __future__ import annotations
 
@@ -18,8 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_worker(
-    database_url: str, config_toml: str, tmp_path: Path, name: str, **env: str
+    database_url: str,
+    config_toml: str,
+    tmp_path: Path,
+    name: str,
+    command: str = "worker",
+    **env: str,
 ) -> subprocess.Popen[bytes]:
+    """`webhook-inbox worker` (or `command`: `consume`) on `database_url`, logging to
+    `tmp_path/NAME.log`."""
     config = tmp_path / f"{name}.toml"
     config.write_text(config_toml)
     environment = {
@@ -32,7 +39,7 @@ def start_worker(
     }
     log = (tmp_path / f"{name}.log").open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "service", "worker"],
+        [sys.executable, "-m", "service", command],
         cwd=ROOT,
         env=environment,
         stdout=log,

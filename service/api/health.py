@@ -13,6 +13,8 @@ from starlette.responses import Response
 from service.api.problems import problem, problem_responses
 from service.api.state import AppState, StateDep
 from service.core.migrations import Revisions, current_revision, revisions
+from service.sources.brokers import BrokerSource
+from service.store.consumers import FRESH_SECONDS, consumers_by_source
 from service.store.errors import StoreUnavailable, translate_errors
 
 router = APIRouter(tags=["health"])
@@ -29,6 +31,12 @@ class Ready(BaseModel):
         default_factory=list,
         description="What the configuration starts with but likely did not mean, one line "
         "each, as logged at start: a `generic` source that accepts unsigned deliveries.",
+    )
+    consumers: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per broker source, its consumer processes connected to the broker now "
+        f"(`inbox_consumers` rows connected and written in the last {FRESH_SECONDS:.0f} s); "
+        "readyz is not ready while one has none.",
     )
 
 
@@ -59,7 +67,8 @@ async def release_revisions(state: AppState) -> Revisions:
 
 @router.get("/readyz", response_model=Ready, responses=problem_responses(503))
 async def readyz(state: StateDep) -> Ready | Response:
-    """The database answers, its schema is at head, and (under `serve`) a worker is alive."""
+    """The database answers, its schema is at head, (under `serve`) a worker is alive, and each
+    broker source has a consumer connected."""
     if processing_down(state.processing_state):
         return problem(
             503,
@@ -83,5 +92,21 @@ async def readyz(state: StateDep) -> Ready | Response:
         return problem(
             503, f"schema at {revision}, expected {expected.head}: run `webhook-inbox migrate`"
         )
+    brokers = sorted(n for n, s in state.inbox.sources.items() if isinstance(s, BrokerSource))
+    consumers: dict[str, int] = {}
+    if brokers:
+        try:
+            found = await consumers_by_source(state.engine)
+        except StoreUnavailable:
+            return problem(503, "database unreachable", headers={"Retry-After": "5"})
+        consumers = {name: found[name].connected if name in found else 0 for name in brokers}
+        idle = [name for name, connected in consumers.items() if not connected]
+        if idle:
+            return problem(
+                503,
+                f"no consumer of broker source {', '.join(idle)} is connected: its messages "
+                "wait on the broker (see GET /admin/consumers and the consumers' log)",
+                headers={"Retry-After": "5"},
+            )
     warnings = [f"source {name} {warning}" for name, warning in state.inbox.warnings().items()]
-    return Ready(status="ready", schema_revision=revision, warnings=warnings)
+    return Ready(status="ready", schema_revision=revision, warnings=warnings, consumers=consumers)

@@ -10,7 +10,9 @@ from starlette.responses import Response
 from service.api.state import StateDep
 from service.core.metrics import CONTENT_TYPE, InboxSnapshot
 from service.core.schema import UNFINISHED, Status
+from service.sources.brokers import BrokerSource
 from service.store.admin import catch_up
+from service.store.consumers import consumers_by_source
 from service.store.counts import status_counts
 from service.store.errors import StoreUnavailable
 
@@ -49,6 +51,7 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
     unfinished = sum(g.count for g in groups if g.status in UNFINISHED)
     try:
         rates = await catch_up(state.engine, unfinished)
+        lag = await consumer_lag(state)
     except StoreUnavailable as exc:
         log.warning("metrics: database unavailable", extra={"error": str(exc)})
         return None
@@ -57,8 +60,18 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
         oldest_pending_age_seconds=max(ages) if ages else 0.0,
         backlog_age_seconds=backlog,
         dead_letters=dead,
+        consumer_lag=lag,
         **rates.published(),
     )
+
+
+async def consumer_lag(state: StateDep) -> dict[str, int]:
+    """Each configured broker source's lag, as its freshest consumer wrote it."""
+    brokers = [n for n, s in state.inbox.sources.items() if isinstance(s, BrokerSource)]
+    if not brokers:
+        return {}
+    found = await consumers_by_source(state.engine)
+    return {name: lag for name in brokers if name in found and (lag := found[name].lag) is not None}
 
 
 @router.get(

@@ -5,6 +5,7 @@ SIGTERM; then each consumer stops taking messages and settles those it holds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Mapping
@@ -76,6 +77,7 @@ def run_consume_command() -> None:
     settle_collector()
 
     async def run() -> None:
+        from service.consumers.reporting import ConsumerReporter
         from service.consumers.runner import SourceConsumer
 
         stop = await ready_to_run(settings, url)
@@ -95,10 +97,16 @@ def run_consume_command() -> None:
             )
             for source in sources
         ]
+        reporter = ConsumerReporter(engine, consumers, stop)
+        reporting = asyncio.create_task(reporter.run())
         log.info("consuming", extra={"sources": [s.name for s in sources]})
         try:
             await asyncio.gather(*(c.run() for c in consumers))
         finally:
+            reporting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporting
+            await reporter.forget()
             await committer.close()
             await engine.dispose()
         log.info("stopped")

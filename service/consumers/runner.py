@@ -67,6 +67,10 @@ class SourceConsumer:
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self.status = ConsumerState()
+        # Set on each change of `status.state`: its reporter writes the row at once.
+        self.changed = asyncio.Event()
+        # The connection in use, for the reporter to ask the broker's lag.
+        self.client: BrokerClient | None = None
         self._held: set[asyncio.Task[None]] = set()
         self._room = asyncio.Semaphore(source.config.prefetch)
 
@@ -76,8 +80,9 @@ class SourceConsumer:
         while not self.stop.is_set():
             client = self.client_factory(self.source)
             try:
-                self.status.state = "connecting"
+                self._set_state("connecting")
                 await client.connect()
+                self.client = client
                 self._connected(True, None)
                 delay = FIRST_RETRY_SECONDS
                 await self._consume(client)
@@ -92,6 +97,7 @@ class SourceConsumer:
                     },
                 )
             finally:
+                self.client = None
                 await self._settle_held()
                 with contextlib.suppress(Exception):
                     await client.close()
@@ -101,13 +107,19 @@ class SourceConsumer:
                 await asyncio.wait_for(self.stop.wait(), timeout=delay)
             delay = min(delay * 2, MAX_RETRY_SECONDS)
         self._connected(False, None)
-        self.status.state = "stopped"
+        self._set_state("stopped")
+
+    def _set_state(self, state: str) -> None:
+        if state != self.status.state:
+            self.status.state = state
+            self.changed.set()
 
     def _connected(self, connected: bool, error: str | None) -> None:
         self.status.connected = connected
-        self.status.state = "connected" if connected else "disconnected"
         if error is not None or connected:
             self.status.last_error = error
+        self._set_state("connected" if connected else "disconnected")
+        self.changed.set()
         if self.metrics is not None:
             self.metrics.consumer_connected(self.source.name, connected)
 
@@ -176,8 +188,8 @@ class SourceConsumer:
             except (StoreUnavailable, StoreOverloaded) as exc:
                 # Nothing is acked while the database is away: the message waits here, and
                 # once `prefetch` wait the broker sends no more.
-                self.status.state = "waiting for the database"
                 self.status.last_error = f"{type(exc).__name__}: {exc}"
+                self._set_state("waiting for the database")
                 if self.stop.is_set():
                     await self._release(message)
                     return
@@ -185,7 +197,7 @@ class SourceConsumer:
                     await asyncio.wait_for(self.stop.wait(), timeout=delay)
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
         if self.status.state == "waiting for the database":
-            self.status.state = "connected"
+            self._set_state("connected")
         try:
             await message.ack()
         except Exception as exc:  # the connection went: the broker hands it out again

@@ -69,6 +69,9 @@ class InboxSnapshot:
     drain_rate_per_second: float = 0.0
     arrival_rate_per_second: float = 0.0
     catch_up_seconds: float | None = None
+    # Per broker source, the messages waiting on the broker as its freshest consumer last
+    # read them (`inbox_consumers`); a source whose broker does not say is left out.
+    consumer_lag: Mapping[str, int] = field(default_factory=dict)
 
 
 class _InboxCollector(Collector):
@@ -132,7 +135,15 @@ class _InboxCollector(Collector):
                 value=math.inf if snapshot.catch_up_seconds is None else snapshot.catch_up_seconds,
             ),
         ]
-        return [messages, oldest, backlog, dead, *catching_up]
+        lag = GaugeMetricFamily(
+            "webhook_inbox_consumer_lag",
+            "Per broker source, the messages waiting on the broker, as its freshest consumer "
+            "last read them (at most every 5 s), read from the database at scrape time.",
+            labels=["source"],
+        )
+        for source, waiting in sorted(snapshot.consumer_lag.items()):
+            lag.add_metric([source], waiting)
+        return [messages, oldest, backlog, dead, *catching_up, lag]
 
 
 _Labelled = TypeVar("_Labelled", Counter, Histogram)

@@ -329,6 +329,32 @@ class SourcePause(InboxTable, table=True):
     actor: str | None = Field(default=None, sa_column=Column(Text))
 
 
+class ConsumerRecord(InboxTable, table=True):
+    """`inbox_consumers`: each broker consumer process's state, by source (0021), written by
+    the consumer every 5 s and on each change and deleted on its clean stop; a row not updated
+    for a while is a consumer that died (`store.consumers`)."""
+
+    __tablename__ = "inbox_consumers"
+
+    source: str = Field(sa_column=Column(Text, primary_key=True))
+    # The process: `hostname:pid`.
+    consumer: str = Field(sa_column=Column(Text, primary_key=True))
+    connected: bool = Field(sa_column=Column(Boolean, nullable=False))
+    state: str = Field(sa_column=Column(Text, nullable=False))
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    lag: int | None = Field(default=None, sa_column=Column(BigInteger))
+    # Messages settled, by outcome (accepted, duplicate, dead_lettered, released, ack_lost).
+    counts: dict[str, int] = Field(sa_column=Column(JSONB, nullable=False))
+    started_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    updated_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+
+
 class RejectedDelivery(InboxTable, table=True):
     """`inbox_rejected_deliveries`: deliveries ingest answered with a 4xx, kept a short while
     for the operator (0017): never a body or a credential, at most the newest

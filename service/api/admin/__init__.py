@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from service.api.admin import (
+    consumers,
     destinations,
     messages,
     operations,
@@ -28,5 +29,6 @@ router.include_router(outbox.router)
 router.include_router(pauses.router)
 router.include_router(rejections.router)
 router.include_router(tail.router)
+router.include_router(consumers.router)
 
 __all__ = ["router"]

@@ -387,6 +387,40 @@ class RateLimitStats(BaseModel):
     )
 
 
+class ConsumerInfo(BaseModel):
+    """A broker consumer process's state for one source, as it last wrote it
+    (`inbox_consumers`)."""
+
+    source: str = Field(description="The broker source.")
+    consumer: str = Field(description="The process: `hostname:pid`.")
+    connected: bool = Field(description="Connected to the broker and subscribed.")
+    state: str = Field(
+        description="`starting`, `connecting`, `connected`, `waiting for the database` or "
+        "`disconnected`."
+    )
+    last_error: str | None = Field(
+        description="Why it last lost the broker (or could not record, the database away)."
+    )
+    lag: int | None = Field(
+        description="Messages waiting on the broker for the source, as last read (at most "
+        "every 5 s); null where the broker does not say."
+    )
+    counts: dict[str, int] = Field(
+        description="Messages settled by this process, by outcome: accepted, duplicate, "
+        "dead_lettered, released, ack_lost."
+    )
+    started_at: datetime = Field(description="Its first report.")
+    updated_at: datetime = Field(description="Its last report (every 5 s, and on each change).")
+    stale: bool = Field(
+        description="Not written for 15 s: the process died without its clean stop, or cannot "
+        "reach the database. Not counted by readyz nor the metrics."
+    )
+
+
+class ConsumerList(BaseModel):
+    consumers: list[ConsumerInfo] = Field(description="By source, then process.")
+
+
 class Stats(BaseModel):
     total: int = Field(description="All messages in the inbox.")
     by_status: dict[str, int] = Field(description="Messages by status, every status listed.")
@@ -425,6 +459,11 @@ class Stats(BaseModel):
         default_factory=list,
         description="Each rate limit's rate and wait: the sources', then their destinations', "
         "by name.",
+    )
+    consumers: list[ConsumerInfo] = Field(
+        default_factory=list,
+        description="Each broker consumer process's state (as `GET /admin/consumers`); empty "
+        "when no broker source is configured.",
     )
 
 

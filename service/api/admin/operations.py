@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.api.admin.consumers import consumer_infos
 from service.api.admin.models import (
     Activity,
     ActivityQuery,
@@ -32,6 +33,7 @@ from service.core import flow as rules
 from service.core.schema import UNFINISHED
 from service.processing.pipeline import gates_of
 from service.sources.base import AnySource
+from service.sources.brokers import BrokerSource
 from service.sources.config import (
     DestinationConfig,
     ForwardConfig,
@@ -61,6 +63,8 @@ async def stats(state: StateDep) -> Stats:
     limits = configured_limits(state.inbox)
     if limits:
         stats.rate_limits = await rate_limit_stats(state.engine, limits)
+    if any(isinstance(s, BrokerSource) for s in state.inbox.sources.values()):
+        stats.consumers = await consumer_infos(state)
     return stats
 
 
