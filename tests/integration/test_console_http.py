@@ -540,3 +540,57 @@ async def test_the_outbox_page_shows_each_endpoint_and_links_its_messages(
     assert none.status_code == 200
     assert "No endpoint is configured" in none.text
     assert "[endpoints.NAME]" in none.text
+
+
+async def test_the_overview_shows_the_broker_consumers_with_a_source_no_one_consumes(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # Nothing connects here: the rows are what consumer processes would have written.
+    rabbit = {"kind": "rabbitmq", "url": "amqp://guest:guest@127.0.0.1:5672/", "message_id": "/id"}
+    sources = {
+        **CONFIG["sources"],
+        "orders": {**rabbit, "queue": "orders"},
+        "refunds": {**rabbit, "queue": "refunds"},
+    }
+    insert = (
+        "INSERT INTO inbox_consumers (source, consumer, connected, state, last_error, lag, "
+        "counts, updated_at) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, now() - make_interval(secs => $8))"
+    )
+    counts = '{"accepted": 41, "duplicate": 3, "dead_lettered": 2}'
+    await db.execute(insert, "orders", "a:1", True, "connected", None, 7, counts, 1)
+    # Disconnected, and a second process that died without its clean stop: neither serves.
+    await db.execute(insert, "refunds", "b:2", False, "disconnected", HOSTILE, None, "{}", 1)
+    await db.execute(insert, "refunds", "c:3", True, "connected", None, 0, "{}", 60)
+    async with client_for({**CONFIG, "sources": sources}, admin_tokens=[TOKEN]) as client:
+        await sign_in(client)
+        overview = await client.get("/console/")
+        live = await client.get("/console/overview/live")
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        await sign_in(client)
+        without = await client.get("/console/overview/live")
+    for response in (overview, live):
+        assert response.status_code == 200
+        assert "<script>alert" not in response.text
+        assert "img" not in page_parts(response.text).elements
+        assert page_parts(response.text).handlers == []
+    section = live.text.split('<h2 id="consumers-title">Consumers</h2>')[1].split("</section>")[0]
+    rows = [row.split("</tr>")[0] for row in section.split("<tr ")[1:]]
+    cells = [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, flags=re.DOTALL) for row in rows]
+    assert len(rows) == 4  # refunds's warning, then the 3 consumers' rows (orders is served)
+    assert rows[0].startswith('class="consumer-missing"')
+    assert cells[0][0] == '<a href="/console/sources/refunds">refunds</a>'
+    assert "no consumer connected" in cells[0][1]
+    assert [c[:8] for c in cells[1:]] == [
+        ["orders", "a:1", "connected", "yes", "7", "41", "3", "2"],
+        ["refunds", "b:2", "disconnected", "no", "—", "0", "0", "0"],
+        ["refunds", "c:3", cells[3][2], "yes", "0", "0", "0", "0"],
+    ]
+    assert cells[3][2].startswith("connected <span")
+    assert ">stale</span>" in cells[3][2]
+    assert cells[1][8] == ""  # connected: no error shown
+    assert cells[2][8] == str(escape(HOSTILE))  # why it lost the broker, as text
+    assert section in overview.text  # the page's first render is the live part's
+    assert without.status_code == 200
+    assert "Consumers" not in without.text
+    assert 'id="consumers"' not in without.text

@@ -21,6 +21,7 @@ from service.api.admin.models import (
     MAX_ID,
     ActivityQuery,
     BulkRetryRequest,
+    ConsumerInfo,
     DeadLetterGroup,
     DeadLetterQuery,
     MessageDetail,
@@ -36,6 +37,7 @@ from service.api.console.views import FILTER_KEYS, PAGING_KEYS, url
 from service.api.problems import ProblemError
 from service.api.state import AppState, StateDep
 from service.core.schema import UNFINISHED
+from service.sources.brokers import BrokerSource
 from service.sources.config import endpoint_source
 from service.store import admin as store
 from service.store.admin import MessageFilter
@@ -75,6 +77,24 @@ class SourceRow:
     circuit: str | None = None  # its forward's breaker when not closed: "open", "half_open"
 
 
+@dataclass(frozen=True)
+class ConsumerSection:
+    """The overview's Consumers: every consumer's row, and each broker source that no fresh,
+    connected consumer serves (the sources `GET /readyz` answers 503 for)."""
+
+    rows: list[ConsumerInfo]
+    unserved: list[str]
+
+
+def consumer_section(state: AppState, rows: list[ConsumerInfo]) -> ConsumerSection | None:
+    """None with no broker source configured: then there is nothing to consume."""
+    brokers = sorted(n for n, s in state.inbox.sources.items() if isinstance(s, BrokerSource))
+    if not brokers:
+        return None
+    served = {row.source for row in rows if row.connected and not row.stale}
+    return ConsumerSection(rows, [name for name in brokers if name not in served])
+
+
 async def overview_context(state: AppState) -> dict[str, Any]:
     stats = await operations.stats(state)
     activity = await operations.activity(state, ActivityQuery())
@@ -103,6 +123,9 @@ async def overview_context(state: AppState) -> dict[str, Any]:
         "backlog": stats.backlog,
         "chart": views.chart(activity.minutes),
         "sources": rows,
+        # `stats.consumers` is `GET /admin/consumers`'s list (its `consumer_infos`), read by
+        # the stats route whenever a broker source is configured: not read a second time.
+        "consumers": consumer_section(state, stats.consumers),
         "statuses": store.STATUSES,
         "now": datetime.now(UTC),
         "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
@@ -111,7 +134,8 @@ async def overview_context(state: AppState) -> dict[str, Any]:
 
 @router.get("/")
 async def overview(state: StateDep, operator: OperatorDep) -> Response:
-    """The inbox at a glance: dead letters, the backlog, the last hour, each source."""
+    """The inbox at a glance: dead letters, the backlog, the last hour, each source, and each
+    broker consumer."""
     context = await overview_context(state)
     return operator.page("overview.html", title="Overview", nav="overview", **context)
 
