@@ -54,6 +54,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_rate_limits",
             "inbox_breakers",
             "inbox_rejected_deliveries",
+            "inbox_consumers",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None
