@@ -23,7 +23,7 @@ import argparse
 import asyncio
 import json
 import os
-import pstats
+import signal
 import statistics
 import subprocess
 import sys
@@ -44,9 +44,11 @@ from bench.process import (
     ROOT,
     add_effect_arguments,
     prepare,
+    start_py_spy,
     wait_drained,
     wait_for_listeners,
 )
+from bench.profile import analyse
 from bench.systems import RESULTS_DIR, console_script
 from service.sources.brokers import BrokerConfig
 
@@ -78,8 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="first run one consume cell's consumer under cProfile and print where its time "
-        "goes (its rate is reported apart, not in the ratio)",
+        help="first run one consume cell with its consumer recorded by py-spy (PY_SPY or on "
+        "PATH) and print where its time goes (its rate is reported apart, not in the ratio)",
     )
     add_effect_arguments(parser, log_level="INFO")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2,000 messages, 2 rounds")
@@ -168,7 +170,8 @@ async def stored_facts(url: str, ids: list[str], handler: bool) -> dict[str, Any
                    extract(epoch FROM max(received_at)) AS last,
                    (SELECT extract(epoch FROM max(at)) FROM bench_effects) AS last_effect,
                    (SELECT count(*) FROM bench_effects) AS effects,
-                   (SELECT count(DISTINCT inbox_id) FROM bench_effects) AS distinct_effects
+                   (SELECT count(DISTINCT inbox_id) FROM bench_effects) AS distinct_effects,
+                   count(DISTINCT received_at) AS commits
               FROM inbox_messages
             """
         )
@@ -179,6 +182,8 @@ async def stored_facts(url: str, ids: list[str], handler: bool) -> dict[str, Any
         "processed": sum(r["status"] == "processed" for r in rows),
         "effects": span["effects"],
         "consume_seconds": float(span["last"]) - float(span["first"]),
+        # Each group commit is one autocommitted statement, whose rows share its now().
+        "group_commits": span["commits"],
     }
     facts["ids_once"] = stored == sorted(ids) and facts["receipts"] == len(ids)
     if handler:
@@ -208,9 +213,8 @@ def consume(
     toml = source_toml(broker, key, args.prefetch, name)
     env = environment(url, work, key, toml, args.log_level)
     command = [*console_script("webhook-inbox"), "consume"]
-    if profile is not None:
-        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "service", "consume"]
     processes: list[subprocess.Popen[bytes]] = []
+    spy: subprocess.Popen[bytes] | None = None
     with (work / f"{key}.log").open("ab") as log:
         try:
             if handler:
@@ -221,6 +225,9 @@ def consume(
                 asyncio.run(wait_for_listeners(url, 1))
             consumer = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=log)
             processes.insert(0, consumer)
+            # The queue is full already: the first second or so (the consumer's start) is
+            # not recorded, the rest is.
+            spy = start_py_spy(consumer.pid, profile) if profile is not None else None
             cores = busy_cores()
             began = time.monotonic()
             cpu_first, cpu_last = wait_for(
@@ -230,6 +237,9 @@ def consume(
             if handler and not asyncio.run(wait_drained(url, timeout=60)):
                 raise RuntimeError("the worker left messages pending")
         finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
             for process in processes:
                 process.terminate()
             for process in processes:
@@ -250,14 +260,6 @@ def consume(
     return run
 
 
-def print_profile(path: Path) -> None:
-    print(f"\nthe consumer under cProfile ({path}), by own time:")
-    stats = pstats.Stats(str(path))
-    stats.sort_stats("tottime").print_stats(25)
-    print("by cumulative time:")
-    stats.sort_stats("cumulative").print_stats(30)
-
-
 # The run ----------------------------------------------------------------------------------
 
 
@@ -274,13 +276,13 @@ def run_broker(broker: Broker, url: str, work: Path, args: argparse.Namespace) -
         key = f"{tag}-profiled"
         ids, payloads = bodies("p-", args.messages)
         asyncio.run(broker.fill(key, payloads))
-        path = Path(tempfile.gettempdir()) / f"consume-{broker.name}-{os.getpid()}.prof"
+        path = work / f"consume-{broker.name}.collapsed"
         try:
             profiled = consume(broker, key, ids, url, work, args, handler=False, profile=path)
         finally:
             asyncio.run(broker.remove(key))
         print(f"profiled consume: {profiled['messages_per_s']:,.0f} msgs/s", flush=True)
-        print_profile(path)
+        print(f"the consumer, recorded by py-spy:\n{analyse(path)}\n", flush=True)
     for round_ in range(1, args.rounds + 1):
         order = CELLS if round_ % 2 else tuple(reversed(CELLS))
         for cell in order:
@@ -309,6 +311,7 @@ def describe(run: dict[str, Any]) -> str:
     else:
         text += (
             f" (the consumer's CPU {run['consumer_cpu_us_per_message']:.0f} us a message, "
+            f"{run['stored']['rows'] / run['stored']['group_commits']:.1f} a group commit, "
             f"{run['machine_busy_cores']:.1f} cores busy)"
         )
     if cell == "handler":
@@ -322,6 +325,8 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         return [r[key] for r in runs if r["cell"] == cell]
 
     base = rates("baseline")
+    if not base:  # --rounds 0: a profile only
+        return {"broker": name, "rates": {}, "ratios": {}}
     figures = {
         "baseline": base,
         "consume": rates("consume"),
@@ -341,6 +346,8 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_summary(summary: dict[str, Any]) -> None:
     rates, ratios = summary["rates"], summary["ratios"]
+    if not rates:
+        return
     print(f"\n{summary['broker']} (median over rounds, range):")
     labels = {
         "baseline": "baseline (client, plain ack)",
