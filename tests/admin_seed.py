@@ -34,6 +34,7 @@ ADMIN_ROUTES = [
     ("GET", "/admin/rejected"),
     ("GET", "/admin/tail"),
     ("GET", "/admin/consumers"),
+    ("GET", "/admin/issues"),
 ]
 
 

@@ -96,6 +96,10 @@ async def always_fail(message: InboxMessage, ctx: HandlerContext) -> None:
     raise ValueError("downstream says no")
 
 
+async def fail_on_missing_field(message: InboxMessage, ctx: HandlerContext) -> None:
+    raise KeyError("customer")
+
+
 async def permanent(message: InboxMessage, ctx: HandlerContext) -> None:
     await record(message, ctx)
     raise PermanentFailure("this payload can never be handled")

@@ -37,6 +37,7 @@ from sqlmodel import Field, SQLModel
 from service.core.status import DUE as DUE
 from service.core.status import SETTLED as SETTLED
 from service.core.status import UNFINISHED as UNFINISHED
+from service.core.status import IssueStatus as IssueStatus
 from service.core.status import Status as Status
 from service.core.status import sql_list as sql_list
 
@@ -223,6 +224,8 @@ class AttemptRecord(InboxTable, table=True):
     # The named destination this attempt ran (0010); None for a source without destinations,
     # and for an attempt of the whole message (one that never finished, an admin action).
     destination: str | None = Field(default=None, sa_column=Column(Text))
+    # A failed attempt's cause (0022): the key of its issue (`inbox_issues`); None otherwise.
+    fingerprint: str | None = Field(default=None, sa_column=Column(Text))
 
 
 class DestinationRecord(InboxTable, table=True):
@@ -419,6 +422,41 @@ class Breaker(InboxTable, table=True):
         default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
     )
     reserved_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
+class IssueRecord(InboxTable, table=True):
+    """`inbox_issues`: the failures of one cause, one row per fingerprint (0022), counted in
+    the transaction that records the failed attempts (`store.attempts`). Its messages are those
+    whose latest failed attempt has its fingerprint (`inbox_attempts.fingerprint`)."""
+
+    __tablename__ = "inbox_issues"
+    __table_args__ = (
+        CheckConstraint(
+            f"status IN ({sql_list(list(IssueStatus))})", name="inbox_issues_status_check"
+        ),
+    )
+
+    # The first 16 hex of the sha256 of the parts below (`processing.fingerprints`).
+    fingerprint: str = Field(sa_column=Column(Text, primary_key=True))
+    source: str = Field(sa_column=Column(Text, nullable=False))
+    destination: str | None = Field(default=None, sa_column=Column(Text))
+    # The handler that raised, `module:function`.
+    handler: str | None = Field(default=None, sa_column=Column(Text))
+    error_type: str = Field(sa_column=Column(Text, nullable=False))
+    # The innermost frame of the application's own code, `module:function` (no line).
+    frame: str | None = Field(default=None, sa_column=Column(Text))
+    # A forward's status class or connection error kind, and its endpoint.
+    detail: str | None = Field(default=None, sa_column=Column(Text))
+    status: str = Field(sa_column=Column(Text, nullable=False))
+    acknowledged_by: str | None = Field(default=None, sa_column=Column(Text))
+    note: str | None = Field(default=None, sa_column=Column(Text))
+    first_seen: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    last_seen: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    failed_attempts: int = Field(sa_column=Column(BigInteger, nullable=False))
+    sample_error: str | None = Field(default=None, sa_column=Column(Text))
+    sample_traceback: str | None = Field(default=None, sa_column=Column(Text))
+    # When it last failed again after being resolved.
+    reopened_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
 
 class AlertWatermark(InboxTable, table=True):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
 
@@ -27,7 +27,7 @@ UNFINISHED = (Status.PENDING, Status.RETRYING, Status.PROCESSING)
 SETTLED = (Status.PROCESSED, Status.DISCARDED)
 
 
-def sql_list(statuses: tuple[Status, ...] | list[Status]) -> str:
+def sql_list(statuses: Sequence[StrEnum]) -> str:
     """`'pending', 'retrying'` for an SQL `IN (...)`: the statuses are ours, never input."""
     return ", ".join(f"'{status.value}'" for status in statuses)
 
@@ -43,6 +43,16 @@ def summary_status(statuses: Iterable[str]) -> Status:
         if status.value in seen:
             return status
     return Status.PROCESSED
+
+
+class IssueStatus(StrEnum):
+    """Where an issue (failures of one cause, `inbox_issues`) stands with the operator. A
+    `resolved` issue that fails again is `open` again; `acknowledged` and `ignored` stay."""
+
+    OPEN = "open"
+    ACKNOWLEDGED = "acknowledged"
+    RESOLVED = "resolved"
+    IGNORED = "ignored"
 
 
 class TailKind(StrEnum):

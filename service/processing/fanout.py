@@ -245,6 +245,7 @@ async def forward_destination(
         made.delay_seconds,
         deferred=made.deferred,
         retry_after=made.retry_after,
+        fingerprint=made.fingerprint,
     )
 
 
@@ -300,5 +301,6 @@ async def run_destination(
             failure.error,
             failure.traceback,
             failure.delay_seconds,
+            fingerprint=failure.fingerprint,
         ), exc
     return DestinationResult(name, Status.PROCESSED, "processed", begun, datetime.now(UTC)), None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import cache
@@ -14,6 +15,7 @@ from standardwebhooks.webhooks import Webhook
 from service.core import tracing
 from service.core.schema import Status
 from service.processing.attempt_spans import describe
+from service.processing.fingerprints import forward_fingerprint, status_class
 from service.processing.pipeline import Destination
 from service.processing.policy import Failure, dead_failure, failed_attempt, retry_failure
 from service.sources.config import EndpointConfig, SourceConfig
@@ -216,7 +218,9 @@ async def forward_message(
         if wait is not None:
             return deferred_attempt(row, attempt, response, wait, started, name)
         failure = classify_response(response, attempt, config, budget_start)
+        cause = status_class(response.status_code)
     except (TimeoutError, httpx.TimeoutException):
+        cause = "timeout"
         failure = retry_failure(
             attempt,
             config,
@@ -226,6 +230,7 @@ async def forward_message(
             budget_start=budget_start,
         )
     except httpx.HTTPError as exc:
+        cause = type(exc).__name__
         failure = retry_failure(
             attempt,
             config,
@@ -237,6 +242,12 @@ async def forward_message(
     finished = datetime.now(UTC)
     if failure is None:
         return AttemptResult(row.id, attempt, Status.PROCESSED, "processed", started, finished)
+    # An outbox endpoint's messages (source `outbox:NAME`) name it; a URL's, its host and path.
+    endpoint = row.source.removeprefix("outbox:") if isinstance(forward, EndpointConfig) else None
+    cause_of = forward_fingerprint(
+        row.source, name, failure.error_type, cause, forward.url, endpoint
+    )
+    failure = replace(failure, fingerprint=cause_of)
     log.warning(
         "forward failed",
         extra={
@@ -246,6 +257,7 @@ async def forward_message(
             "id": row.id,
             "attempt": attempt,
             "error": failure.error,
+            "fingerprint": cause_of.key,
             "next_status": failure.status,
             "retry_in_s": failure.delay_seconds,
         },

@@ -13,7 +13,7 @@ from service.core.schema import Status
 from service.processing import handler_api
 from service.processing.handler_api import PermanentFailure, RetryLater
 from service.sources.config import SourceConfig
-from service.store.results import AttemptResult
+from service.store.results import AttemptResult, Fingerprint
 
 MAX_ERROR_CHARS = 2_000
 MAX_TRACEBACK_CHARS = 8_000
@@ -44,6 +44,8 @@ class Failure:
     error_type: str
     error: str
     traceback: str | None
+    # Its cause (`processing.fingerprints`), set where the failure is known in full.
+    fingerprint: Fingerprint | None = None
 
 
 def public_name(cls: type[BaseException]) -> str:
@@ -145,4 +147,5 @@ def failed_attempt(
         error=failure.error,
         traceback=failure.traceback,
         unfinished=unfinished,
+        fingerprint=failure.fingerprint,
     )

@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence, Set
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.schema import Status
+from service.processing.fingerprints import handler_fingerprint
 from service.processing.handler_api import (
     Handler,
     HandlerCommitError,
@@ -307,6 +309,8 @@ def log_failure(
     }
     if destination is not None:
         extra["destination"] = destination
+    if failure.fingerprint is not None:
+        extra["fingerprint"] = failure.fingerprint.key
     log.warning("handler failed", extra=extra)
 
 
@@ -355,6 +359,10 @@ async def attempt_handlers(
             else (budget.next, budget.budget_start)
         )
         failure = classify_failure(exc, attempt, pipeline.config, budget_start=start)
+        cause = handler_fingerprint(
+            exc, row.source, destination, failure.error_type, call_handlers.__code__
+        )
+        failure = replace(failure, fingerprint=cause)
         log_failure(row, message.attempt, failure, destination)
         return failure, exc
     finally:

@@ -3,7 +3,8 @@ destination's part in `inbox_destinations`, in the batch's transaction or one of
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
 
 import asyncpg
 import orjson
@@ -11,7 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.status import DUE, Status
 from service.store.claims import BY_ID_PLANS, BY_ID_STATUS
-from service.store.results import AttemptResult, DestinationState, MessageRow
+from service.store.issues import RECORD_ISSUES
+from service.store.results import AttemptResult, DestinationState, Fingerprint, MessageRow
 from service.store.savepoints import MessageSavepoints, driver_of, driver_transaction
 
 # One round trip records a whole batch: the status update, the attempt rows, and the release of
@@ -33,7 +35,7 @@ FINISH_ATTEMPTS = f"""
                    last_error text, unfinished boolean, started_at timestamptz,
                    finished_at timestamptz, outcome text, error_type text, error text,
                    traceback text, duration_ms float8, per_destination boolean,
-                   deferred boolean, keeps_error boolean)
+                   deferred boolean, keeps_error boolean, fingerprint text)
     ), finished AS (
         UPDATE inbox_messages AS m
            SET status = u.status,
@@ -50,14 +52,15 @@ FINISH_ATTEMPTS = f"""
            AND m.attempts = u.expected
            AND {BY_ID_STATUS} = ANY($2::text[])
      RETURNING m.id, u.attempt, u.started_at, u.finished_at, u.outcome, u.error_type,
-               u.error, u.traceback, u.duration_ms, u.per_destination, u.deferred
+               u.error, u.traceback, u.duration_ms, u.per_destination, u.deferred, u.fingerprint
     ), released AS (
         DELETE FROM inbox_claims AS c USING finished WHERE c.message_id = finished.id
     ), recorded AS (
         INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
-                                    error_type, error, traceback, duration_ms, actor)
+                                    error_type, error, traceback, duration_ms, actor,
+                                    fingerprint)
         SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
-               duration_ms, $3
+               duration_ms, $3, fingerprint
           FROM finished
          WHERE per_destination IS NOT TRUE AND NOT deferred
     )
@@ -78,7 +81,7 @@ RECORD_DESTINATIONS = """
                    id bigint, attempt int, source text, destination text, status text,
                    last_error text, started_at timestamptz, finished_at timestamptz,
                    outcome text, error_type text, error text, traceback text,
-                   duration_ms float8, deferred boolean, slot_at timestamptz)
+                   duration_ms float8, deferred boolean, slot_at timestamptz, fingerprint text)
          WHERE v.id = ANY($2::bigint[])
     ), marked AS (
         INSERT INTO inbox_destinations AS d (message_id, destination, source, status,
@@ -99,9 +102,10 @@ RECORD_DESTINATIONS = """
                slot_at = excluded.slot_at
     )
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome,
-                                error_type, error, traceback, duration_ms, actor, destination)
+                                error_type, error, traceback, duration_ms, actor, destination,
+                                fingerprint)
     SELECT id, attempt, started_at, finished_at, outcome, error_type, error, traceback,
-           duration_ms, $3, destination
+           duration_ms, $3, destination, fingerprint
       FROM v
      WHERE NOT v.deferred
 """
@@ -146,7 +150,12 @@ def _outcome(r: AttemptResult, leased: bool) -> dict[str, object]:
         "traceback": storable(r.traceback),
         "duration_ms": r.duration_ms,
         "per_destination": r.destinations is not None,
+        "fingerprint": _key(r.fingerprint),
     }
+
+
+def _key(cause: Fingerprint | None) -> str | None:
+    return None if cause is None else cause.key
 
 
 def destinations_document(results: Sequence[AttemptResult], sources: Mapping[int, str]) -> str:
@@ -171,9 +180,64 @@ def destinations_document(results: Sequence[AttemptResult], sources: Mapping[int
                 "duration_ms": d.duration_ms,
                 "deferred": d.deferred,
                 "slot_at": d.slot_at,
+                "fingerprint": _key(d.fingerprint),
             }
             for r in results
             for d in r.destinations or ()
+        ]
+    ).decode()
+
+
+@dataclass(slots=True)
+class _Issue:
+    cause: Fingerprint
+    failed: int
+    error: str | None
+    traceback: str | None
+
+
+def issues_document(results: Sequence[AttemptResult], finished: Set[int]) -> str | None:
+    """The failures of `results` that were recorded (their id in `finished`; a deferral is
+    none), counted by fingerprint with the last one's error as the sample, as RECORD_ISSUES
+    reads them; None when there are none."""
+    issues: dict[str, _Issue] = {}
+
+    def count(cause: Fingerprint | None, error: str | None, tb: str | None) -> None:
+        if cause is None:
+            return
+        issue = issues.get(cause.key)
+        if issue is None:
+            issues[cause.key] = _Issue(cause, 1, error, tb)
+        else:
+            issue.failed += 1
+            issue.error, issue.traceback = error, tb or issue.traceback
+
+    for r in results:
+        if r.id not in finished:
+            continue
+        if r.destinations is not None:
+            for d in r.destinations:
+                if not d.deferred:
+                    count(d.fingerprint, d.error, d.traceback)
+        elif not r.deferred:
+            count(r.fingerprint, r.error, r.traceback)
+    if not issues:
+        return None
+    return orjson.dumps(
+        [
+            {
+                "fingerprint": key,
+                "source": issue.cause.source,
+                "destination": issue.cause.destination,
+                "handler": storable(issue.cause.handler),
+                "error_type": storable(issue.cause.error_type),
+                "frame": storable(issue.cause.frame),
+                "detail": storable(issue.cause.detail),
+                "failed": issue.failed,
+                "error": storable(issue.error),
+                "traceback": storable(issue.traceback),
+            }
+            for key, issue in sorted(issues.items())
         ]
     ).decode()
 
@@ -196,6 +260,10 @@ async def _finish(
         await driver.execute(
             RECORD_DESTINATIONS, destinations_document(fanned, sources), list(finished), actor
         )
+    # The failures' issues, counted in the transaction that records their attempts.
+    issues = issues_document(results, finished)
+    if issues is not None:
+        await driver.execute(RECORD_ISSUES, issues)
     return finished
 
 

@@ -38,6 +38,24 @@ class DestinationState:
 NOT_RUN = DestinationState()
 
 
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """The cause of a failed attempt, as its issue (`inbox_issues`) is keyed: `key` hashes the
+    readable parts (`processing.fingerprints`), the same in every process and after a restart.
+
+    `handler`: the `module:function` that raised; `frame`: the innermost frame of the
+    application's own code (`module:function`, no line); `detail`: a forward's status class or
+    connection error kind, and its endpoint."""
+
+    key: str
+    source: str
+    destination: str | None
+    handler: str | None
+    error_type: str
+    frame: str | None
+    detail: str | None
+
+
 # MessageRow and AttemptResult are made for every message run: slotted, not frozen, since a
 # frozen dataclass sets each field through object.__setattr__ (service/sources/base.py).
 @dataclass(slots=True)
@@ -93,6 +111,8 @@ class DestinationResult:
     # Deferred by the endpoint's own answer (a 429 or 503 with `Retry-After`,
     # `processing.forward`), not by a gate: the answer is its error, shown as last_error.
     retry_after: bool = False
+    # A failure's cause (not of a deferral): its attempt row names it, and its issue counts it.
+    fingerprint: Fingerprint | None = None
 
     @property
     def duration_ms(self) -> float:
@@ -124,6 +144,8 @@ class AttemptResult:
     # Deferred by the endpoint's `Retry-After`: unlike a gate's or its key's deferral, it
     # replaces the message's last_error, so that an operator sees why the message waits.
     retry_after: bool = False
+    # A failure's cause (of a message without named destinations; theirs carry their own).
+    fingerprint: Fingerprint | None = None
 
     @property
     def duration_ms(self) -> float:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.processing.attempt_spans import in_attempt_span
 from service.processing.fanout import expect_gated, run_destinations
+from service.processing.fingerprints import fingerprint
 from service.processing.gates import DestinationGates
 from service.processing.handler_api import HandlerSession
 from service.processing.ordering import Stopped, behind
@@ -152,6 +154,7 @@ class Batches(WorkerBase):
             budget_start=budget_start,
             abandoned=True,
         )
+        failure = replace(failure, fingerprint=fingerprint(source, failure.error_type))
         return failed_attempt(message, attempt, failure, now, now, unfinished=True)
 
     async def _run_batch(
@@ -296,13 +299,16 @@ class Batches(WorkerBase):
             failed_attempt(
                 row.id,
                 row.attempts + 1,
-                retry_failure(
-                    row.attempts + 1,
-                    self.pipelines[row.source].config,
-                    "TransactionFailed",
-                    error,
-                    None,
-                    budget_start=row.budget_start,
+                replace(
+                    retry_failure(
+                        row.attempts + 1,
+                        self.pipelines[row.source].config,
+                        "TransactionFailed",
+                        error,
+                        None,
+                        budget_start=row.budget_start,
+                    ),
+                    fingerprint=fingerprint(row.source, "TransactionFailed"),
                 ),
                 now,
                 now,

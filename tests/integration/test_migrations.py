@@ -55,6 +55,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_breakers",
             "inbox_rejected_deliveries",
             "inbox_consumers",
+            "inbox_issues",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends
 from service.api.admin import (
     consumers,
     destinations,
+    issues,
     messages,
     operations,
     outbox,
@@ -30,5 +31,6 @@ router.include_router(pauses.router)
 router.include_router(rejections.router)
 router.include_router(tail.router)
 router.include_router(consumers.router)
+router.include_router(issues.router)
 
 __all__ = ["router"]

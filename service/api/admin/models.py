@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from service.core.schema import Status
+from service.core.schema import IssueStatus, Status
 
 MAX_ID = 2**63 - 1  # inbox ids are PostgreSQL bigints
 # JSON nested deeper than this is shown as `body_base64`: pydantic will not serialise past
@@ -419,6 +419,63 @@ class ConsumerInfo(BaseModel):
 
 class ConsumerList(BaseModel):
     consumers: list[ConsumerInfo] = Field(description="By source, then process.")
+
+
+class IssueQuery(BaseModel):
+    """Query parameters of `GET /admin/issues`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: SourceName | None = Field(default=None, description="Only this source's issues.")
+    status: list[IssueStatus] = Field(
+        default_factory=list,
+        description="Only issues in one of these statuses; repeat the parameter for several.",
+    )
+    limit: int = Field(default=50, ge=1, le=500, description="At most this many, 1 to 500.")
+
+
+class IssueSummary(BaseModel):
+    """The failed attempts of one cause (`inbox_issues`), and its messages now unfinished and
+    dead."""
+
+    fingerprint: str = Field(
+        description="The first 16 hex of the sha256 of the parts below: the same in every "
+        "process and after a restart, and unchanged by an edit that only moves lines."
+    )
+    source: str
+    destination: str | None = Field(description="The named destination, if the source has any.")
+    handler: str | None = Field(description="The handler that raised, `module:function`.")
+    error_type: str = Field(description="The exception type, or `ForwardFailed`, … .")
+    frame: str | None = Field(
+        description="The innermost frame of the application's own code (neither the inbox's "
+        "nor a library's), `module:function`."
+    )
+    detail: str | None = Field(
+        description="Of a forward: its HTTP status class (`5xx`, `429`, `4xx`), `timeout` or "
+        "connection error kind, and its endpoint (`host:port/path`, or the outbox endpoint)."
+    )
+    status: IssueStatus = Field(
+        description="`open`, `acknowledged`, `resolved` (open again when it fails again) or "
+        "`ignored`."
+    )
+    acknowledged_by: str | None
+    note: str | None
+    first_seen: datetime
+    last_seen: datetime
+    reopened_at: datetime | None = Field(description="When it last failed again once resolved.")
+    failed_attempts: int = Field(description="Failed attempts counted on it, in all.")
+    sample_error: str | None = Field(description="The latest failure's message.")
+    sample_traceback: str | None = Field(description="The latest failure's traceback.")
+    retrying: int = Field(
+        description="Messages now `retrying` whose latest failed attempt has this fingerprint."
+    )
+    dead: int = Field(
+        description="Messages now `dead` whose latest failed attempt has this fingerprint."
+    )
+
+
+class IssueList(BaseModel):
+    items: list[IssueSummary] = Field(description="Most recent `last_seen` first.")
 
 
 class Stats(BaseModel):

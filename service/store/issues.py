@@ -1,0 +1,93 @@
+"""Issues: one row per cause of failure (`inbox_issues`, keyed by the attempts' fingerprint),
+counted in the transaction that records the failed attempts, and listed for the operator."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.core.status import IssueStatus, Status
+from service.store.errors import translate_errors
+
+# One statement per batch, whatever its failures: they arrive counted by fingerprint
+# (`store.attempts.issues_document`). A
+# resolved issue that fails again is open again (reopened_at); acknowledged and ignored ones
+# keep their status. The rows go in fingerprint order: two batches upserting the same issues
+# then lock them in the same order, so they wait for each other instead of deadlocking.
+RECORD_ISSUES = f"""
+    INSERT INTO inbox_issues AS i (fingerprint, source, destination, handler, error_type,
+                                   frame, detail, status, first_seen, last_seen,
+                                   failed_attempts, sample_error, sample_traceback)
+    SELECT fingerprint, source, destination, handler, error_type, frame, detail,
+           '{IssueStatus.OPEN.value}', clock_timestamp(), clock_timestamp(), failed, error,
+           traceback
+      FROM json_to_recordset($1::json) AS v(
+               fingerprint text, source text, destination text, handler text, error_type text,
+               frame text, detail text, failed bigint, error text, traceback text)
+     ORDER BY fingerprint
+        ON CONFLICT (fingerprint) DO UPDATE
+       SET last_seen = excluded.last_seen,
+           failed_attempts = i.failed_attempts + excluded.failed_attempts,
+           sample_error = excluded.sample_error,
+           sample_traceback = coalesce(excluded.sample_traceback, i.sample_traceback),
+           status = CASE WHEN i.status = '{IssueStatus.RESOLVED.value}'
+                         THEN '{IssueStatus.OPEN.value}' ELSE i.status END,
+           reopened_at = CASE WHEN i.status = '{IssueStatus.RESOLVED.value}'
+                              THEN excluded.last_seen ELSE i.reopened_at END
+"""  # noqa: S608 - fixed values, no input
+
+# The issues, most recently failing first, and of each the messages now retrying and dead whose
+# latest failed attempt has its fingerprint (the attempts' index by message, newest first,
+# finds that attempt; only unfinished and dead messages are looked at).
+LIST_ISSUES = text(
+    f"""
+    WITH listed AS (
+        SELECT *
+          FROM inbox_issues
+         WHERE (CAST(:source AS text) IS NULL OR source = :source)
+           AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+         ORDER BY last_seen DESC, fingerprint
+         LIMIT :limit
+    ), latest AS (
+        SELECT m.status, f.fingerprint
+          FROM inbox_messages AS m
+         CROSS JOIN LATERAL (
+                SELECT a.fingerprint
+                  FROM inbox_attempts AS a
+                 WHERE a.message_id = m.id AND a.fingerprint IS NOT NULL
+                 ORDER BY a.id DESC
+                 LIMIT 1) AS f
+         WHERE m.status IN ('{Status.RETRYING.value}', '{Status.DEAD.value}')
+           AND m.source IN (SELECT source FROM listed)
+    )
+    SELECT listed.*,
+           (SELECT count(*) FROM latest
+             WHERE latest.fingerprint = listed.fingerprint
+               AND latest.status = '{Status.RETRYING.value}') AS retrying,
+           (SELECT count(*) FROM latest
+             WHERE latest.fingerprint = listed.fingerprint
+               AND latest.status = '{Status.DEAD.value}') AS dead
+      FROM listed
+     ORDER BY last_seen DESC, fingerprint
+    """  # noqa: S608 - fixed values, no input
+)
+
+
+async def list_issues(
+    engine: AsyncEngine,
+    source: str | None,
+    statuses: Sequence[IssueStatus] | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """The issues, most recent `last_seen` first, with the counts of their messages now
+    `retrying` and `dead`."""
+    params = {
+        "source": source,
+        "statuses": [s.value for s in statuses] if statuses else None,
+        "limit": limit,
+    }
+    async with translate_errors(), engine.connect() as conn:
+        return [dict(row._mapping) for row in await conn.execute(LIST_ISSUES, params)]
