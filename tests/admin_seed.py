@@ -11,7 +11,7 @@ import asyncpg
 TOKEN = "admin-token-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
-# Every admin route, with 1 standing for a message id.
+# Every admin route, with 1 standing for a message id and abcdef0123456789 for a fingerprint.
 ADMIN_ROUTES = [
     ("GET", "/admin/messages"),
     ("GET", "/admin/messages/1"),
@@ -35,6 +35,12 @@ ADMIN_ROUTES = [
     ("GET", "/admin/tail"),
     ("GET", "/admin/consumers"),
     ("GET", "/admin/issues"),
+    ("GET", "/admin/issues/abcdef0123456789"),
+    ("POST", "/admin/issues/abcdef0123456789/acknowledge"),
+    ("POST", "/admin/issues/abcdef0123456789/resolve"),
+    ("POST", "/admin/issues/abcdef0123456789/ignore"),
+    ("POST", "/admin/issues/abcdef0123456789/reopen"),
+    ("POST", "/admin/issues/abcdef0123456789/retry"),
 ]
 
 
@@ -44,6 +50,7 @@ def route_template(path: str) -> str:
         path.replace("/1", "/{id}")
         .replace("/destinations/billing/", "/destinations/{name}/")
         .replace("/sources/hooks/", "/sources/{source}/")
+        .replace("/abcdef0123456789", "/{fingerprint}")
     )
 
 

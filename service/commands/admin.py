@@ -1,5 +1,5 @@
-"""`messages`, `dead-letters` and `stats` at work: the admin API's reads and actions, from the
-shell (their arguments are in `service/commands/inbox.py`).
+"""`messages`, `issues`, `dead-letters` and `stats` at work: the admin API's reads and
+actions, from the shell (their arguments are in `service/commands/inbox.py`).
 
 Same store functions, same filters and validation, same JSON documents (`--json`) as the admin
 API; what differs is the cursor, which here is the readable position `<received_at>/<id>` of
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import re
 import socket
 from collections.abc import Coroutine
 from dataclasses import asdict
@@ -21,14 +22,22 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.admin.destinations import collect_destination_stats, configured_of, replay_filter
+from service.api.admin.issues import DECISIONS, issue_detail
 from service.api.admin.messages import detail_from_row, to_filter
 from service.api.admin.models import (
+    FINGERPRINT_PATTERN,
     BulkRetryRequest,
     BulkRetryResult,
     DeadLetterGroup,
     DeadLetterGroups,
     DeadLetterQuery,
     DestinationReplayRequest,
+    IssueAction,
+    IssueDetailQuery,
+    IssueList,
+    IssueQuery,
+    IssueRetryRequest,
+    IssueSummary,
     MessageQuery,
     MessageSummary,
     PauseRequest,
@@ -45,9 +54,11 @@ from service.commands.output import print_json
 from service.commands.send import load_sources
 from service.commands.views import (
     describe_detail,
+    describe_issue,
     destinations_table,
     endpoints_table,
     groups_table,
+    issues_table,
     rejected_table,
     stats_table,
     summary_table,
@@ -55,7 +66,7 @@ from service.commands.views import (
 from service.core.schema import Status
 from service.core.settings import Settings
 from service.store import admin as store
-from service.store import destinations, flow
+from service.store import destinations, flow, issues
 from service.store.admin import MessageFilter, Position
 
 
@@ -330,11 +341,14 @@ def configured_source(settings: Settings, source: str) -> None:
         raise CommandError(f"no source {source} is configured (configured: {names})", Exit.FAILED)
 
 
+def operator_of(args: argparse.Namespace) -> str:
+    """The name an action is taken under: `--operator`, or the shell's user@host."""
+    return str(args.operator or actor().removeprefix("cli:"))
+
+
 async def pause_command(args: argparse.Namespace) -> Exit:
     who = actor()
-    request = validated(
-        PauseRequest, {"operator": args.operator or who.removeprefix("cli:"), "reason": args.reason}
-    )
+    request = validated(PauseRequest, {"operator": operator_of(args), "reason": args.reason})
     settings = operator_settings()
     configured_source(settings, args.source)
     async with operator_engine(settings) as engine:
@@ -373,4 +387,89 @@ async def list_rejected(args: argparse.Namespace) -> Exit:
     print(rejected_table(page.items, headers=args.headers))
     if page.next_before is not None:
         print(f"next: --before {page.next_before}")
+    return Exit.OK
+
+
+async def known_issue(action: Coroutine[Any, Any, Any]) -> Any:
+    """An unknown fingerprint as exit status 1 with the admin API's wording."""
+    try:
+        return await action
+    except issues.IssueNotFound as exc:
+        raise CommandError(f"no issue with fingerprint {exc.args[0]}", Exit.FAILED) from None
+
+
+async def list_issues(args: argparse.Namespace) -> Exit:
+    query = validated(
+        IssueQuery, {"source": args.source, "status": args.status, "limit": args.limit}
+    )
+    async with operator_engine() as engine:
+        rows = await issues.list_issues(engine, query.source, query.status, query.limit)
+    listed = IssueList(items=[IssueSummary.model_validate(row) for row in rows])
+    if args.json:
+        print_json(listed)
+    else:
+        print(issues_table(listed.items))
+    return Exit.OK
+
+
+async def show_issue(args: argparse.Namespace) -> Exit:
+    fingerprint = validated_fingerprint(args.fingerprint)
+    query = validated(IssueDetailQuery, {"limit": args.limit})
+    async with operator_engine() as engine:
+        row = await known_issue(issues.get_issue(engine, fingerprint, query.limit))
+    detail = issue_detail(row)
+    if args.json:
+        print_json(detail)
+    else:
+        print(describe_issue(detail))
+    return Exit.OK
+
+
+def validated_fingerprint(value: str) -> str:
+    if not re.fullmatch(FINGERPRINT_PATTERN, value):
+        raise CommandError(
+            f"{value!r} is not a fingerprint (16 lowercase hex, as `issues list` shows)",
+            Exit.USAGE,
+        )
+    return value
+
+
+async def decide_issue(args: argparse.Namespace, name: str) -> Exit:
+    fingerprint = validated_fingerprint(args.fingerprint)
+    request = validated(IssueAction, {"operator": operator_of(args), "note": args.note})
+    async with operator_engine() as engine:
+        row = await known_issue(
+            issues.set_issue_status(
+                engine, fingerprint, DECISIONS[name], request.operator, request.note
+            )
+        )
+    result = IssueSummary.model_validate(row)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"issue {fingerprint} ({result.source} {result.error_type}): {result.status.value}")
+    return Exit.OK
+
+
+async def retry_issue(args: argparse.Namespace) -> Exit:
+    fingerprint = validated_fingerprint(args.fingerprint)
+    request = validated(IssueRetryRequest, {"operator": operator_of(args), "dry_run": args.dry_run})
+    async with operator_engine() as engine:
+        result = await known_issue(
+            issues.resolve_and_retry(
+                engine, fingerprint, request.operator, actor(), dry_run=request.dry_run
+            )
+        )
+    if args.json:
+        print_json(BulkRetryResult(matched=result.matched, retried=result.retried))
+    elif args.dry_run:
+        print(
+            f"{result.matched} dead messages of issue {fingerprint}; run again without "
+            "--dry-run to resolve it and retry them"
+        )
+    else:
+        print(
+            f"issue {fingerprint} resolved; {result.matched} dead messages matched, "
+            f"{result.retried} retried"
+        )
     return Exit.OK

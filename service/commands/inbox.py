@@ -1,4 +1,5 @@
-"""`messages`, `dead-letters`, `rejected`, `stats` and `outbox`: their arguments and help.
+"""`messages`, `issues`, `dead-letters`, `rejected`, `stats` and `outbox`: their arguments and
+help.
 
 They run in `service/commands/admin.py`, imported only when one runs, so that `webhook-inbox
 --help` needs neither the admin API nor SQLAlchemy.
@@ -13,7 +14,7 @@ from typing import Any
 
 from service.commands.outcome import Exit
 from service.commands.parsers import add_status_filter, command_parser
-from service.core.status import Status
+from service.core.status import IssueStatus, Status
 
 DATABASE_HELP = """
 The database is DATABASE_URL's, or else the embedded PostgreSQL under INBOX_DATA_DIR (default
@@ -183,9 +184,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     pause.add_argument("source", help="a configured source, or outbox:ENDPOINT")
     pause.add_argument("--reason", required=True, help="why, for whoever finds it paused")
-    pause.add_argument(
-        "--operator", help="your name, as others know you (default: the shell's user@host)"
-    )
+    add_operator(pause)
     add_json(pause)
     pause.set_defaults(run=run("pause_command"))
 
@@ -199,6 +198,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     resume.add_argument("source", help="a configured source, or outbox:ENDPOINT")
     add_json(resume)
     resume.set_defaults(run=run("resume_command"))
+
+    add_issue_commands(commands)
 
     dead = subcommand(
         commands,
@@ -248,6 +249,97 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     add_json(stats)
     stats.set_defaults(run=run("show_stats"))
+
+
+def add_issue_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    issues = subcommand(
+        commands,
+        "issues",
+        help="failures grouped by cause: list, show, acknowledge, resolve, ignore, retry",
+        description="Failures grouped by cause, one issue per fingerprint, through the same "
+        "store functions as the admin API (GET /admin/issues).",
+    )
+    actions = issues.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    listing = subcommand(
+        actions,
+        "list",
+        help="the issues, most recently failing first",
+        description="List the issues, most recently failing first, with their messages now "
+        "retrying and dead (GET /admin/issues).",
+    )
+    listing.add_argument("--source", help="only this source's issues")
+    add_status_filter(
+        listing,
+        [s.value for s in IssueStatus],
+        "STATUS",
+        "only issues in this status (open, acknowledged, resolved, ignored); repeat for several",
+    )
+    listing.add_argument(
+        "--limit", type=int, default=50, help="at most this many, 1 to 500 (default 50)"
+    )
+    add_json(listing)
+    listing.set_defaults(run=run("list_issues"))
+
+    show = subcommand(
+        actions,
+        "show",
+        help="one issue and its messages, newest first",
+        description="Show one issue, its latest error and traceback, and its messages newest "
+        "first (GET /admin/issues/{fingerprint}).",
+    )
+    show.add_argument("fingerprint", help="the issue's fingerprint (the list's first column)")
+    show.add_argument(
+        "--limit", type=int, default=50, help="at most this many messages, 1 to 500 (default 50)"
+    )
+    add_json(show)
+    show.set_defaults(run=run("show_issue"))
+
+    for name, help_text in (
+        ("acknowledge", "someone is on it: it stays acknowledged when it fails again"),
+        ("resolve", "its cause is fixed: it opens again when it fails again"),
+        ("ignore", "its failures are expected: it stays ignored when it fails again"),
+        ("reopen", "an acknowledged, resolved or ignored issue is open again"),
+    ):
+        decision = subcommand(
+            actions,
+            name,
+            help=help_text,
+            description=f"{name.capitalize()} an issue: {help_text} "
+            f"(POST /admin/issues/{{fingerprint}}/{name}). Records --operator and --note with it.",
+        )
+        decision.add_argument("fingerprint", help="the issue's fingerprint")
+        decision.add_argument(
+            "--note",
+            required=name == "acknowledge",
+            help="why, for whoever finds it; without one, the issue keeps its note",
+        )
+        add_operator(decision)
+        add_json(decision)
+        decision.set_defaults(run=run("decide_issue", name))
+
+    retry = subcommand(
+        actions,
+        "retry",
+        help="resolve an issue and retry its dead messages; --dry-run counts them",
+        description="Resolve an issue and retry its dead messages (those whose latest failed "
+        "attempt has its fingerprint) with a fresh attempt budget, in batches "
+        "(POST /admin/issues/{fingerprint}/retry). A message failing again of the same cause "
+        "opens it again.",
+    )
+    retry.add_argument("fingerprint", help="the issue's fingerprint")
+    retry.add_argument(
+        "--dry-run", action="store_true", help="only count its dead messages; change nothing"
+    )
+    add_operator(retry)
+    add_json(retry)
+    retry.set_defaults(run=run("retry_issue"))
+
+
+def add_operator(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--operator", help="your name, as others know you (default: the shell's user@host)"
+    )
 
 
 def subcommand(

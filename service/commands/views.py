@@ -9,6 +9,8 @@ from service.api.admin.models import (
     DeadLetterGroups,
     DestinationStatsList,
     EndpointList,
+    IssueDetail,
+    IssueSummary,
     MessageDetail,
     MessageSummary,
     Stats,
@@ -194,3 +196,58 @@ def rejected_table(items: list[RejectedDelivery], *, headers: bool) -> str:
         lines += [f"  {name}: {value}" for name, value in item.headers.items()]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def issues_table(items: list[IssueSummary]) -> str:
+    if not items:
+        return "no issues match"
+    return table(
+        ["FINGERPRINT", "SOURCE", "STATUS", "CAUSE", "FAILED", "RETRYING", "DEAD", "LAST SEEN"],
+        [
+            [
+                i.fingerprint,
+                i.source if i.destination is None else f"{i.source}/{i.destination}",
+                i.status.value,
+                cause(i),
+                i.failed_attempts,
+                i.retrying,
+                i.dead,
+                i.last_seen,
+            ]
+            for i in items
+        ],
+    )
+
+
+def cause(issue: IssueSummary) -> str:
+    """`ValueError in tests.handlers:always_fail`, `ForwardFailed 5xx host:port/path`."""
+    where = issue.frame or issue.handler
+    return " ".join(
+        part for part in (issue.error_type, where and f"in {where}", issue.detail) if part
+    )
+
+
+def describe_issue(issue: IssueDetail) -> str:
+    fields = [
+        ("fingerprint", issue.fingerprint),
+        ("source", issue.source),
+        ("destination", issue.destination),
+        ("handler", issue.handler),
+        ("cause", cause(issue)),
+        ("status", issue.status.value),
+        ("decided by", issue.acknowledged_by),
+        ("note", issue.note),
+        ("first seen", issue.first_seen.isoformat()),
+        ("last seen", issue.last_seen.isoformat()),
+        ("reopened", issue.reopened_at.isoformat() if issue.reopened_at else None),
+        (
+            "failed",
+            f"{issue.failed_attempts} attempts; {issue.retrying} retrying, {issue.dead} dead",
+        ),
+        ("last error", issue.sample_error),
+    ]
+    lines = [f"{name + ':':<13}{'-' if value is None else value}" for name, value in fields]
+    if issue.sample_traceback:
+        lines += ["traceback:", *(f"  {line}" for line in issue.sample_traceback.splitlines())]
+    lines += ["messages:", summary_table(issue.messages)]
+    return "\n".join(lines)

@@ -205,6 +205,12 @@ class AttemptRecord(InboxTable, table=True):
     __table_args__ = (
         Index("inbox_attempts_message_idx", "message_id", "id"),
         Index("inbox_attempts_started_idx", "started_at"),
+        # An issue's messages, from its failed attempts (0023); attempts without one add none.
+        Index(
+            "inbox_attempts_fingerprint_idx",
+            "fingerprint",
+            postgresql_where=text("fingerprint IS NOT NULL"),
+        ),
     )
 
     id: int | None = _identity_key()

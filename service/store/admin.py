@@ -92,6 +92,20 @@ LAST_ERROR_TYPE = """
      WHERE a.message_id = inbox_messages.id AND a.error_type IS NOT NULL
      ORDER BY a.id DESC LIMIT 1
 """
+# The fingerprint of a message's latest failed attempt: the issue it belongs to (admin actions
+# and processed attempts have none). Correlated on `inbox_messages.id`, as LAST_ERROR_TYPE.
+LAST_FINGERPRINT = """
+    SELECT a.fingerprint FROM inbox_attempts a
+     WHERE a.message_id = inbox_messages.id AND a.fingerprint IS NOT NULL
+     ORDER BY a.id DESC LIMIT 1
+"""
+# The messages with a failed attempt of that fingerprint, through its partial index (0023): a
+# superset of the issue's messages that the planner may start from when the issue is small
+# among the dead and unfinished.
+FAILED_WITH = """
+    SELECT f.message_id FROM inbox_attempts f
+     WHERE f.fingerprint = :fingerprint AND f.fingerprint IS NOT NULL
+"""
 
 
 def glob_like(pattern: str) -> str | None:
@@ -127,6 +141,7 @@ class MessageFilter:
     error_type: str | None = None  # of the message's latest failed attempt
     ordering_key: str | None = None
     held: bool | None = None  # True: only those held behind another (HELD_BEHIND); False: none
+    fingerprint: str | None = None  # of the message's latest failed attempt: its issue's
 
     def where(self) -> tuple[list[str], dict[str, Any]]:
         """SQL conditions (fixed text, values bound) and their parameters."""
@@ -168,6 +183,9 @@ class MessageFilter:
         if self.error_type is not None:
             clauses.append(f"({LAST_ERROR_TYPE}) = :error_type")
             params["error_type"] = self.error_type
+        if self.fingerprint is not None:
+            clauses += [f"id IN ({FAILED_WITH})", f"({LAST_FINGERPRINT}) = :fingerprint"]
+            params["fingerprint"] = self.fingerprint
         if self.ordering_key is not None:
             clauses.append("ordering_key = :ordering_key")
             params["ordering_key"] = self.ordering_key

@@ -10,6 +10,14 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.status import IssueStatus, Status
+from service.store.admin import (
+    FAILED_WITH,
+    LAST_FINGERPRINT,
+    SUMMARY_COLUMNS,
+    BulkRetryResult,
+    MessageFilter,
+    bulk_retry,
+)
 from service.store.errors import translate_errors
 
 # One statement per batch, whatever its failures: they arrive counted by fingerprint
@@ -49,6 +57,7 @@ LIST_ISSUES = text(
           FROM inbox_issues
          WHERE (CAST(:source AS text) IS NULL OR source = :source)
            AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+           AND (CAST(:fingerprint AS text) IS NULL OR fingerprint = :fingerprint)
          ORDER BY last_seen DESC, fingerprint
          LIMIT :limit
     ), latest AS (
@@ -88,6 +97,85 @@ async def list_issues(
         "source": source,
         "statuses": [s.value for s in statuses] if statuses else None,
         "limit": limit,
+        "fingerprint": None,
     }
     async with translate_errors(), engine.connect() as conn:
         return [dict(row._mapping) for row in await conn.execute(LIST_ISSUES, params)]
+
+
+class IssueNotFound(LookupError):
+    """No issue has that fingerprint."""
+
+
+# An issue's messages, newest first: those whose latest failed attempt has its fingerprint, in
+# any status (a retried one that was processed since is still shown, as its history). The
+# fingerprint's partial index (0023) finds the candidates among its failed attempts.
+ISSUE_MESSAGES = text(
+    f"""
+    SELECT {SUMMARY_COLUMNS}
+      FROM inbox_messages
+     WHERE id IN ({FAILED_WITH}) AND ({LAST_FINGERPRINT}) = :fingerprint
+     ORDER BY received_at DESC, id DESC
+     LIMIT :limit
+    """  # noqa: S608 - fixed clauses, bound values
+)
+
+
+async def get_issue(engine: AsyncEngine, fingerprint: str, limit: int) -> dict[str, Any]:
+    """The issue as listed, and its newest `limit` messages (`messages`)."""
+    issue = await get_issue_summary(engine, fingerprint)
+    async with translate_errors(), engine.connect() as conn:
+        messages = await conn.execute(ISSUE_MESSAGES, {"fingerprint": fingerprint, "limit": limit})
+        return {**issue, "messages": [dict(m._mapping) for m in messages]}
+
+
+# An operator's decision on an issue. `acknowledged_by` is whoever took the last decision and
+# `note` their latest word: a decision without a note keeps the one before. The worker's own
+# change (a resolved issue failing again is open again) is RECORD_ISSUES's.
+SET_STATUS = text(
+    """
+    UPDATE inbox_issues
+       SET status = :status, acknowledged_by = :operator, note = coalesce(:note, note)
+     WHERE fingerprint = :fingerprint
+ RETURNING fingerprint
+    """
+)
+
+
+async def set_issue_status(
+    engine: AsyncEngine, fingerprint: str, status: IssueStatus, operator: str, note: str | None
+) -> dict[str, Any]:
+    """Set the issue's status, by `operator`, with their `note` if any; the issue as listed."""
+    params = {"status": status.value, "operator": operator, "note": note}
+    async with translate_errors(), engine.begin() as conn:
+        changed = await conn.execute(SET_STATUS, {**params, "fingerprint": fingerprint})
+        if changed.first() is None:
+            raise IssueNotFound(fingerprint)
+    return await get_issue_summary(engine, fingerprint)
+
+
+async def get_issue_summary(engine: AsyncEngine, fingerprint: str) -> dict[str, Any]:
+    """The issue as listed, with its counts of messages now retrying and dead."""
+    params = {"source": None, "statuses": None, "limit": 1, "fingerprint": fingerprint}
+    async with translate_errors(), engine.connect() as conn:
+        row = (await conn.execute(LIST_ISSUES, params)).first()
+    if row is None:
+        raise IssueNotFound(fingerprint)
+    return dict(row._mapping)
+
+
+async def resolve_and_retry(
+    engine: AsyncEngine, fingerprint: str, operator: str | None, actor: str, *, dry_run: bool
+) -> BulkRetryResult:
+    """Retry the issue's dead messages (those whose latest failed attempt has its fingerprint)
+    with a fresh budget, through the bulk retry; `dry_run` only counts them.
+
+    The issue is resolved first, so that a message failing again of the same cause reopens it
+    rather than failing under a status set after it."""
+    issue = await get_issue_summary(engine, fingerprint)
+    filters = MessageFilter(
+        source=issue["source"], statuses=(Status.DEAD,), fingerprint=fingerprint
+    )
+    if not dry_run:
+        await set_issue_status(engine, fingerprint, IssueStatus.RESOLVED, operator or actor, None)
+    return await bulk_retry(engine, filters, actor, force=False, dry_run=dry_run)

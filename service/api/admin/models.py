@@ -458,8 +458,11 @@ class IssueSummary(BaseModel):
         description="`open`, `acknowledged`, `resolved` (open again when it fails again) or "
         "`ignored`."
     )
-    acknowledged_by: str | None
-    note: str | None
+    acknowledged_by: str | None = Field(
+        description="Who took the last decision on it (acknowledged, resolved, ignored or "
+        "reopened it), as they gave their name."
+    )
+    note: str | None = Field(description="The latest note given with a decision.")
     first_seen: datetime
     last_seen: datetime
     reopened_at: datetime | None = Field(description="When it last failed again once resolved.")
@@ -472,6 +475,54 @@ class IssueSummary(BaseModel):
     dead: int = Field(
         description="Messages now `dead` whose latest failed attempt has this fingerprint."
     )
+
+
+FINGERPRINT_PATTERN = r"^[0-9a-f]{16}$"
+
+
+class IssueDetailQuery(BaseModel):
+    """Query parameters of `GET /admin/issues/{fingerprint}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(
+        default=50, ge=1, le=500, description="At most this many messages, 1 to 500."
+    )
+
+
+class IssueDetail(IssueSummary):
+    """An issue and its messages."""
+
+    messages: list[MessageSummary] = Field(
+        description="Its messages, newest first (at most `limit`): those whose latest failed "
+        "attempt has its fingerprint, in any status (a retried one processed since too)."
+    )
+
+
+class IssueAction(BaseModel):
+    """Who takes a decision on an issue, and why: kept with the issue and shown with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    operator: Text = Field(description="Your name, as others know you.")
+    note: Text | None = Field(
+        default=None,
+        description="Why, for whoever finds it: e.g. `fixed in 1.4.2, INC-4211`; without "
+        "one, the issue keeps its note.",
+    )
+
+
+class IssueRetryRequest(BaseModel):
+    """Resolve an issue and retry its dead messages, or (`dry_run`) only count them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    operator: Text | None = Field(
+        default=None,
+        description="Your name, as others know you: the issue is resolved under it (without "
+        "one, under the admin token's fingerprint).",
+    )
+    dry_run: bool = Field(default=False, description="Only count the issue's dead messages.")
 
 
 class IssueList(BaseModel):
