@@ -128,7 +128,17 @@ class SourceConsumer:
         messages = client.messages().__aiter__()
         try:
             while True:
-                await self._room.acquire()
+                # Room for one more unsettled message, unless stopping first (with every
+                # room held, say while the database is away, only the stop ends the wait).
+                room = asyncio.ensure_future(self._room.acquire())
+                await asyncio.wait({room, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not room.done():
+                    room.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await room
+                    if not room.cancelled():
+                        self._room.release()
+                    return
                 taking = asyncio.ensure_future(anext(messages))
                 done, _ = await asyncio.wait(
                     {taking, stopping}, return_when=asyncio.FIRST_COMPLETED
@@ -141,9 +151,13 @@ class SourceConsumer:
                     return
                 try:
                     message = taking.result()
-                except StopAsyncIteration:
+                except BaseException as exc:
+                    # The room taken for a message that never came: given back, or each
+                    # reconnection would leave the consumer one message of prefetch short.
                     self._room.release()
-                    raise ConnectionError("the broker ended the subscription") from None
+                    if isinstance(exc, StopAsyncIteration):
+                        raise ConnectionError("the broker ended the subscription") from None
+                    raise
                 task = asyncio.create_task(self._take(message))
                 self._held.add(task)
                 task.add_done_callback(self._held.discard)
