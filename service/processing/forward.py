@@ -229,6 +229,14 @@ async def forward_message(
             None,
             budget_start=budget_start,
         )
+    except UnicodeDecodeError:
+        # An outgoing message whose body is not UTF-8 text (staged by hand: `service.outbox`
+        # refuses one) cannot be signed: no retry would sign it.
+        cause = "unsignable"
+        failure = dead_failure(
+            "ForwardRejected",
+            "the body is not UTF-8 text, which a Standard Webhooks signature needs",
+        )
     except httpx.HTTPError as exc:
         cause = type(exc).__name__
         failure = retry_failure(

@@ -247,3 +247,20 @@ async def test_an_endpoints_retry_after_and_rate_limit_hold_its_messages_without
     first = crm.requests[0]
     again = [r for r in crm.requests if r.headers["webhook-id"] == first.headers["webhook-id"]]
     assert again[1].at - first.at >= 1.0  # the 429's Retry-After, no attempt spent
+
+
+async def test_a_body_that_cannot_be_signed_is_dead_at_once_naming_why(
+    worker_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # `service.outbox` refuses such a payload; a row staged by hand reaches the relay.
+    async with scripted_server() as crm, worker_for(with_crm(crm.url)):
+        await db.execute(
+            "INSERT INTO inbox_messages (source, message_id, body) "
+            "VALUES ('outbox:crm', 'binary', '\\xfffe'::bytea)"
+        )
+        await db.execute("NOTIFY webhook_inbox")
+        await wait_until(db, SENT, "dead", 10)
+    assert crm.requests == []
+    assert await db.fetchval("SELECT last_error FROM inbox_messages") == (
+        "ForwardRejected: the body is not UTF-8 text, which a Standard Webhooks signature needs"
+    )
