@@ -167,7 +167,8 @@ async def console(
 ) -> AsyncIterator[Console]:
     server, down_flag = serving
     down_flag.unlink(missing_ok=True)
-    await empty_tables(console_database, "effects")
+    # The issues too: the overview lists the open ones, and each test counts its own.
+    await empty_tables(console_database, "effects", "inbox_issues")
     conn = await asyncpg.connect(asyncpg_dsn(console_database))
     await wait_listening(conn, 1)
     yield Console(server, down_flag, conn)
@@ -664,3 +665,35 @@ async def test_the_live_view_shows_deliveries_duplicates_and_outcomes_as_they_ha
     await expect(rows.first).to_contain_text("dead (attempt 3)")
     await rows.first.get_by_role("link", name="evt_down").click()
     await expect(page.locator("#message-status")).to_have_text("dead")
+
+
+async def test_an_open_issue_is_found_on_the_overview_then_resolved_and_retried(
+    console: Console, page: Page
+) -> None:
+    await dead_letter(console, "evt_down_a")
+    await dead_letter(console, "evt_down_b")
+    console.billing_down(False)
+    await console.deliver("evt_negative", amount=-5)  # another cause: another issue
+    await console.wait_status("evt_negative", "dead")
+    await sign_in(page, console)
+    issues = page.locator("#open-issues")
+    await expect(issues.get_by_role("link")).to_have_count(3)  # two issues and "All issues"
+    await issues.get_by_role("link", name="BillingUnavailable", exact=False).click()
+    await expect(page.locator("#issue-status")).to_have_text("open")
+    await expect(page.locator("#issue-error")).to_contain_text("billing API refused")
+    await expect(page.locator("table.messages tbody tr")).to_have_count(2)
+
+    await page.get_by_role("link", name="Resolve and retry its dead messages…").click()
+    await expect(page.locator("#matched")).to_contain_text("2 dead messages will be retried")
+    assert await console.status("evt_down_a") == "dead"  # counting changed nothing
+    await page.get_by_label("Your name").fill("ada")
+    await page.get_by_role("button", name="Resolve and retry 2 messages").click()
+    await expect(page.locator("#bulk-result")).to_have_text("Retried 2 of 2 matching messages.")
+    await page.get_by_role("link", name="Back to the issue").click()
+    await expect(page.locator("#issue-status")).to_have_text("resolved")
+    await expect(page.locator("#issue-decision")).to_contain_text("Resolved by ada")
+    for message_id in ("evt_down_a", "evt_down_b"):
+        await console.wait_status(message_id, "processed")
+    await page.reload()
+    await expect(page.locator("table.messages .status-processed")).to_have_count(2)
+    assert await console.status("evt_negative") == "dead"  # the other issue's message

@@ -41,6 +41,9 @@ PAGES = [
     "/console/bulk-retry?status=dead",
     "/console/rejected",
     "/console/outbox",
+    "/console/issues",
+    "/console/issues/0123456789abcdef",
+    "/console/issues/0123456789abcdef/retry",
 ]
 FRAGMENTS = ["/console/overview/live", "/console/messages/{id}/live"]
 ACTIONS = [
@@ -48,6 +51,8 @@ ACTIONS = [
     "/console/messages/{id}/replay",
     "/console/messages/{id}/discard",
     "/console/bulk-retry",
+    "/console/issues/0123456789abcdef/acknowledge",
+    "/console/issues/0123456789abcdef/retry",
 ]
 
 
@@ -594,3 +599,164 @@ async def test_the_overview_shows_the_broker_consumers_with_a_source_no_one_cons
     assert without.status_code == 200
     assert "Consumers" not in without.text
     assert 'id="consumers"' not in without.text
+
+
+ISSUE = "0123456789abcdef"
+OTHER_ISSUE = "fedcba9876543210"
+
+
+async def seed_issue(
+    db: asyncpg.Connection,
+    fingerprint: str,
+    *,
+    status: str = "open",
+    error: str = "boom",
+    error_type: str = "RuntimeError",
+    source: str = "hooks",
+    age: timedelta = timedelta(0),
+) -> None:
+    """An issue's row, as the worker would have written it."""
+    await db.execute(
+        "INSERT INTO inbox_issues (fingerprint, source, handler, error_type, frame, status, "
+        "first_seen, last_seen, failed_attempts, sample_error, sample_traceback) "
+        "VALUES ($1, $2, 'tests.handlers:record', $3, 'app.charges:charge', $4, "
+        "now() - $5::interval, now() - $5::interval, 3, $6, $6)",
+        fingerprint,
+        source,
+        error_type,
+        status,
+        age,
+        error,
+    )
+
+
+async def seed_failed(
+    db: asyncpg.Connection, message_id: str, fingerprint: str, *, status: str = "dead"
+) -> int:
+    """A message whose latest failed attempt has `fingerprint`."""
+    row = await seed(db, message_id, status=status, attempts=1, last_error="boom")
+    await db.execute(
+        "INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome, "
+        "error_type, error, fingerprint) VALUES ($1, 1, now(), now(), $2, 'RuntimeError', "
+        "'boom', $3)",
+        row,
+        "dead" if status == "dead" else "failed",
+        fingerprint,
+    )
+    return row
+
+
+async def test_the_issues_page_lists_unsettled_issues_first_and_renders_them_as_text(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await seed_issue(db, ISSUE, error=HOSTILE, error_type=HOSTILE)
+    await seed_issue(db, OTHER_ISSUE, status="resolved")  # more recent, but settled
+    await seed_issue(db, "aaaaaaaaaaaaaaaa", status="acknowledged", age=timedelta(hours=1))
+    await seed_failed(db, "m-1", ISSUE)
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        await sign_in(client)
+        listed = await client.get("/console/issues")
+        only_resolved = await client.get("/console/issues", params={"status": "resolved"})
+        other_source = await client.get("/console/issues", params={"source": "other"})
+        detail = await client.get(f"/console/issues/{ISSUE}")
+        overview = await client.get("/console/")
+        unknown = await client.get("/console/issues/0000000000000000")
+        malformed = await client.get("/console/issues/not-a-fingerprint")
+    for response in (listed, detail, overview):
+        assert response.status_code == 200
+        assert "<script>alert" not in response.text
+        parts = page_parts(response.text)
+        assert "img" not in parts.elements
+        assert parts.handlers == []
+    order = re.findall(r'id="issue-([0-9a-f]{16})"', listed.text)
+    assert order == [ISSUE, "aaaaaaaaaaaaaaaa", OTHER_ISSUE]
+    assert escape(HOSTILE) in listed.text
+    assert re.findall(r'id="issue-([0-9a-f]{16})"', only_resolved.text) == [OTHER_ISSUE]
+    assert "No issues match." in other_source.text
+    assert f'<pre id="issue-error" class="error-cell">{escape(HOSTILE)}</pre>' in detail.text
+    assert f'<pre id="issue-traceback">{escape(HOSTILE)}</pre>' in detail.text
+    assert 'href="/console/messages/' in detail.text  # its message links to its page
+    for action in ("acknowledge", "resolve", "ignore"):
+        assert f"/console/issues/{ISSUE}/{action}" in detail.text
+    assert csrf_of(detail.text)
+    assert f'href="/console/issues/{ISSUE}"' in overview.text  # open: on the overview
+    assert f'href="/console/issues/{OTHER_ISSUE}"' not in overview.text
+    assert (unknown.status_code, malformed.status_code) == (404, 404)
+
+
+async def test_the_overview_has_no_issues_section_without_open_issues(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await seed_issue(db, ISSUE, status="ignored")
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        await sign_in(client)
+        overview = await client.get("/console/overview/live")
+    assert "Open issues" not in overview.text
+
+
+async def test_issue_decisions_need_the_csrf_token_and_keep_who_and_why(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await seed_issue(db, ISSUE)
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        csrf = await sign_in(client)
+        path = f"/console/issues/{ISSUE}"
+        refused = await client.post(f"{path}/acknowledge", data={"operator": "ada"})
+        nameless = await client.post(f"{path}/acknowledge", data={"csrf_token": csrf})
+        acknowledged = await client.post(
+            f"{path}/acknowledge", data={"csrf_token": csrf, "operator": "ada", "note": HOSTILE}
+        )
+        shown = await client.get(acknowledged.headers["location"])
+        reopened = await client.post(f"{path}/reopen", data={"csrf_token": csrf, "operator": "bo"})
+        statuses = [await db.fetchval("SELECT status FROM inbox_issues")]
+        await client.post(f"{path}/ignore", data={"csrf_token": csrf, "operator": "bo"})
+        statuses.append(await db.fetchval("SELECT status FROM inbox_issues"))
+        await client.post(f"{path}/resolve", data={"csrf_token": csrf, "operator": "cy"})
+        statuses.append(await db.fetchval("SELECT status FROM inbox_issues"))
+    assert (refused.status_code, nameless.status_code) == (403, 422)
+    assert acknowledged.status_code == 303
+    assert acknowledged.headers["location"] == f"{path}?done=acknowledge"
+    assert "Acknowledged" in shown.text
+    assert f"by <strong>ada</strong>: {escape(HOSTILE)}" in shown.text
+    assert reopened.status_code == 303
+    assert statuses == ["open", "ignored", "resolved"]
+    row = await db.fetchrow("SELECT acknowledged_by, note FROM inbox_issues")
+    assert (row["acknowledged_by"], row["note"]) == ("cy", HOSTILE)
+
+
+async def test_resolve_and_retry_counts_first_then_retries_only_that_issues_dead_messages(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    await seed_issue(db, ISSUE)
+    await seed_issue(db, OTHER_ISSUE)
+    mine = [await seed_failed(db, f"m-{i}", ISSUE) for i in range(2)]
+    retrying = await seed_failed(db, "m-retrying", ISSUE, status="retrying")
+    others = await seed_failed(db, "m-other", OTHER_ISSUE)
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        csrf = await sign_in(client)
+        confirm = await client.get(f"/console/issues/{ISSUE}/retry")
+        before = [await status_of(db, m) for m in mine]
+        refused = await client.post(f"/console/issues/{ISSUE}/retry", data={"operator": "ada"})
+        done = await client.post(
+            f"/console/issues/{ISSUE}/retry", data={"csrf_token": csrf, "operator": "ada"}
+        )
+        shown = await client.get(f"/console/issues/{ISSUE}")
+    assert confirm.status_code == 200
+    assert "<strong>2</strong> dead messages will be retried" in confirm.text
+    assert f'action="/console/issues/{ISSUE}/retry"' in confirm.text
+    assert csrf_of(confirm.text) == csrf
+    assert before == ["dead", "dead"]  # the dry run changed nothing
+    assert refused.status_code == 403
+    assert "Retried 2 of 2" in done.text
+    assert [await status_of(db, m) for m in mine] == ["pending", "pending"]
+    assert await status_of(db, retrying) == "retrying"
+    assert await status_of(db, others) == "dead"
+    issues = dict(await db.fetch("SELECT fingerprint, status FROM inbox_issues"))
+    assert issues == {ISSUE: "resolved", OTHER_ISSUE: "open"}
+    assert (
+        await db.fetchval("SELECT acknowledged_by FROM inbox_issues WHERE fingerprint = $1", ISSUE)
+        == "ada"
+    )
+    actors = await db.fetch("SELECT actor FROM inbox_attempts WHERE outcome = 'admin_retry'")
+    assert [a["actor"] for a in actors] == [CONSOLE_ACTOR] * 2
+    assert 'status-resolved">resolved' in shown.text

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
+from service.api.admin import issues as issues_api
 from service.api.admin import messages as messages_api
 from service.api.admin import operations
 from service.api.admin.destinations import collect_destination_stats, configured_of
@@ -24,6 +25,8 @@ from service.api.admin.models import (
     ConsumerInfo,
     DeadLetterGroup,
     DeadLetterQuery,
+    IssueQuery,
+    IssueSummary,
     MessageDetail,
     MessageFilters,
     MessagePage,
@@ -37,6 +40,7 @@ from service.api.console.views import FILTER_KEYS, PAGING_KEYS, url
 from service.api.problems import ProblemError
 from service.api.state import AppState, StateDep
 from service.core.schema import UNFINISHED
+from service.core.status import IssueStatus
 from service.sources.brokers import BrokerSource
 from service.sources.config import endpoint_source
 from service.store import admin as store
@@ -46,6 +50,7 @@ router = APIRouter()
 
 OVERVIEW_REFRESH_SECONDS = 5
 MESSAGE_REFRESH_SECONDS = 2
+OVERVIEW_ISSUES = 5  # the overview's most recent open issues
 DISCARDABLE = frozenset({"pending", "retrying", "dead"})
 
 # What an action did, by the action the history recorded (`?done=` after the redirect).
@@ -95,6 +100,12 @@ def consumer_section(state: AppState, rows: list[ConsumerInfo]) -> ConsumerSecti
     return ConsumerSection(rows, [name for name in brokers if name not in served])
 
 
+async def open_issues(state: AppState) -> list[IssueSummary]:
+    """The overview's most recent open issues, through `GET /admin/issues`."""
+    query = IssueQuery(status=[IssueStatus.OPEN], limit=OVERVIEW_ISSUES)
+    return (await issues_api.issues(state, query)).items
+
+
 async def overview_context(state: AppState) -> dict[str, Any]:
     stats = await operations.stats(state)
     activity = await operations.activity(state, ActivityQuery())
@@ -119,6 +130,7 @@ async def overview_context(state: AppState) -> dict[str, Any]:
         for name in sorted(configured.keys() | counted.keys())
     ]
     return {
+        "open_issues": await open_issues(state),
         "stats": stats,
         "backlog": stats.backlog,
         "chart": views.chart(activity.minutes),
