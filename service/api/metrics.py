@@ -15,6 +15,7 @@ from service.store.admin import catch_up
 from service.store.consumers import consumers_by_source
 from service.store.counts import status_counts
 from service.store.errors import StoreUnavailable
+from service.store.issues import issue_counts
 
 log = logging.getLogger("service.metrics")
 
@@ -52,6 +53,7 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
     try:
         rates = await catch_up(state.engine, unfinished)
         lag = await consumer_lag(state)
+        issues, issue_failed_attempts = await issue_counts(state.engine)
     except StoreUnavailable as exc:
         log.warning("metrics: database unavailable", extra={"error": str(exc)})
         return None
@@ -61,6 +63,8 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
         backlog_age_seconds=backlog,
         dead_letters=dead,
         consumer_lag=lag,
+        issues=issues,
+        issue_failed_attempts=issue_failed_attempts,
         **rates.published(),
     )
 

@@ -72,6 +72,10 @@ class InboxSnapshot:
     # Per broker source, the messages waiting on the broker as its freshest consumer last
     # read them (`inbox_consumers`); a source whose broker does not say is left out.
     consumer_lag: Mapping[str, int] = field(default_factory=dict)
+    # Issues (`inbox_issues`) by (source, status), and by (fingerprint, source) the failed
+    # attempts of the 100 most recently failing open or acknowledged ones.
+    issues: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    issue_failed_attempts: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 class _InboxCollector(Collector):
@@ -143,7 +147,23 @@ class _InboxCollector(Collector):
         )
         for source, waiting in sorted(snapshot.consumer_lag.items()):
             lag.add_metric([source], waiting)
-        return [messages, oldest, backlog, dead, *catching_up, lag]
+        issues = GaugeMetricFamily(
+            "webhook_inbox_issues",
+            "Issues (failures grouped by cause) by source and status, read from the database at "
+            "scrape time.",
+            labels=["source", "status"],
+        )
+        for (source, status), count in sorted(snapshot.issues.items()):
+            issues.add_metric([source, status], count)
+        failed = GaugeMetricFamily(
+            "webhook_inbox_issue_failed_attempts",
+            "Failed attempts of each open or acknowledged issue, the 100 most recently failing "
+            "only (a bound on the series), read from the database at scrape time.",
+            labels=["fingerprint", "source"],
+        )
+        for (fingerprint, source), count in sorted(snapshot.issue_failed_attempts.items()):
+            failed.add_metric([fingerprint, source], count)
+        return [messages, oldest, backlog, dead, *catching_up, lag, issues, failed]
 
 
 _Labelled = TypeVar("_Labelled", Counter, Histogram)

@@ -477,6 +477,20 @@ class AlertWatermark(InboxTable, table=True):
     notified_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
 
+class IssueNotice(InboxTable, table=True):
+    """`inbox_issue_notices`: per alert target and issue, the opening (`first_seen` or
+    `reopened_at`) its notice tells of, when a pass claimed it and when it was delivered (0024).
+    A later opening replaces the row: its notice is due again."""
+
+    __tablename__ = "inbox_issue_notices"
+
+    target: str = Field(sa_column=Column(Text, primary_key=True))
+    fingerprint: str = Field(sa_column=Column(Text, primary_key=True))
+    opened_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    claimed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    sent_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
 # What the foreign key's ON DELETE CASCADE did, per statement instead of per row: a DELETE of
 # messages (retention's batches) deletes their attempts in one statement, a TRUNCATE deletes
 # all attempts (a DELETE: a TRUNCATE naming both tables still holds the attempts open) (0007).

@@ -179,3 +179,31 @@ async def resolve_and_retry(
     if not dry_run:
         await set_issue_status(engine, fingerprint, IssueStatus.RESOLVED, operator or actor, None)
     return await bulk_retry(engine, filters, actor, force=False, dry_run=dry_run)
+
+
+# The metrics' read (`/metrics`, at scrape time): issues by source and status, and the failed
+# attempts of the newest open or acknowledged ones. Bounded so that a flood of new causes
+# cannot flood Prometheus with series: one per fingerprint, the most recently failing first.
+MAX_ISSUE_SERIES = 100
+ISSUES_BY_STATUS = text("SELECT source, status, count(*) AS n FROM inbox_issues GROUP BY 1, 2")
+ACTIVE_ISSUES = text(
+    f"""
+    SELECT fingerprint, source, failed_attempts
+      FROM inbox_issues
+     WHERE status IN ('{IssueStatus.OPEN.value}', '{IssueStatus.ACKNOWLEDGED.value}')
+     ORDER BY last_seen DESC, fingerprint
+     LIMIT :limit
+    """  # noqa: S608 - fixed values, no input
+)
+
+
+async def issue_counts(
+    engine: AsyncEngine,
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+    """Issues by (source, status), and the failed attempts by (fingerprint, source) of the
+    `MAX_ISSUE_SERIES` most recently failing open or acknowledged issues."""
+    async with translate_errors(), engine.connect() as conn:
+        by_status = {(r.source, r.status): int(r.n) for r in await conn.execute(ISSUES_BY_STATUS)}
+        active = await conn.execute(ACTIVE_ISSUES, {"limit": MAX_ISSUE_SERIES})
+        failed = {(r.fingerprint, r.source): int(r.failed_attempts) for r in active}
+    return by_status, failed

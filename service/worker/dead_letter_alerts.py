@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -30,15 +29,14 @@ from service.store.dead_letter_alerts import (
     start_watermarks,
 )
 from service.store.errors import StoreUnavailable
+from service.worker.alert_posts import post_with_retries, target_key
+from service.worker.issue_alerts import alert_issues
 
 log = logging.getLogger("service.alerts")
 
 # How long a pass waits between reading the newest attempt id and reading the dead attempts up
 # to it, so that every attempt at or below that id has committed (see DEAD_SINCE).
 SETTLE_SECONDS = 1.0
-# Backoff between tries of one notice within a pass: 1 s, 2 s, 4 s ... capped.
-FIRST_BACKOFF_SECONDS = 1.0
-MAX_BACKOFF_SECONDS = 30.0
 MAX_ERROR_CHARS = 300
 
 
@@ -47,11 +45,6 @@ def check_period(config: AlertsConfig) -> float:
     that goes dead after a quiet spell is then announced within that and the settle second
     (about the interval, for one of 2 s), and a notice is at most that late once due."""
     return min(config.interval_seconds, 10.0) / 2
-
-
-def target_key(url: str) -> str:
-    """The name a webhook's watermarks are stored under: never the URL, which is a secret."""
-    return "sha256:" + hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 def notice_text(notice: DeadLetterNotice) -> str:
@@ -94,38 +87,16 @@ async def send_notice(
     client: httpx.AsyncClient, url: str, notice: DeadLetterNotice, config: AlertsConfig
 ) -> bool:
     """POST the notice, trying `send_attempts` times with backoff; whether it was delivered."""
-    body = notice_body(notice, config.format)
     fields = {"source": notice.source, "count": notice.count, "target": notice.target}
-    delay = FIRST_BACKOFF_SECONDS
-    for attempt in range(1, config.send_attempts + 1):
-        try:
-            # httpx's timeout bounds each phase (connect, each read); this bounds the whole try,
-            # against an endpoint that trickles its answer.
-            async with asyncio.timeout(config.timeout_seconds):
-                response = await client.post(url, json=body, timeout=config.timeout_seconds)
-            if 200 <= response.status_code < 300:
-                log.info("dead-letter alert sent", extra={**fields, "attempt": attempt})
-                return True
-            error = f"HTTP {response.status_code}"
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            name = "Timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
-            error = f"{name}: no answer within {config.timeout_seconds:g} s"
-        except httpx.HTTPError as exc:
-            # httpx's transport errors are not known to name the URL; should one, it stays out
-            # of the log.
-            error = f"{type(exc).__name__}: {exc}".replace(url, target_key(url))
-        log.warning(
-            "dead-letter alert failed",
-            extra={**fields, "attempt": attempt, "error": error},
-        )
-        if attempt < config.send_attempts:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_BACKOFF_SECONDS)
-    log.error(
-        "dead-letter alert not delivered; its dead letters go in the next notice",
-        extra={**fields, "retry_in_s": config.interval_seconds},
+    return await post_with_retries(
+        client,
+        url,
+        notice_body(notice, config.format),
+        config,
+        fields,
+        what="dead-letter alert",
+        given_up="its dead letters go in the next notice",
     )
-    return False
 
 
 def breaker_text(source: str, error: str | None, cooldown: float, destination: str = "") -> str:
@@ -254,6 +225,7 @@ async def alert_target_periodically(
             settled = await last_attempt_id(engine)
             await asyncio.sleep(settle_seconds)
             await alert_target(engine, client, url, config, sources, settled, metrics)
+            await alert_issues(engine, client, url, config, sources)
         except StoreUnavailable as exc:
             log.warning(
                 "dead-letter alerts skipped: database unavailable",

@@ -89,3 +89,46 @@ async def test_scrapes_close_together_share_one_database_read(
         await seed(db, "late", source="hooks", status="dead")
         cached = samples((await client.get("/metrics")).text)
         assert cached[("webhook_inbox_dead_letters", (("source", "hooks"),))] == 0
+
+
+ISSUE = """
+    INSERT INTO inbox_issues (fingerprint, source, error_type, status, first_seen, last_seen,
+                              failed_attempts)
+    VALUES ($1, $2, 'KeyError', $3, now(), now() - $4 * interval '1 second', $5)
+"""
+
+
+async def test_issues_by_status_and_the_newest_active_issues_failed_attempts(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    # 105 open issues, the first failing most recently; one of each other status.
+    await db.executemany(ISSUE, [(f"open{n:03}", "hooks", "open", n, 1000 + n) for n in range(105)])
+    await db.executemany(
+        ISSUE,
+        [
+            ("ack", "other", "acknowledged", 0, 7),
+            ("resolved", "hooks", "resolved", 0, 8),
+            ("ignored", "hooks", "ignored", 0, 9),
+        ],
+    )
+    async with client_for(CONFIG) as client:
+        found = samples((await client.get("/metrics")).text)
+
+    def value(name: str, **labels: str) -> float:
+        return found[(name, tuple(sorted(labels.items())))]
+
+    assert value("webhook_inbox_issues", source="hooks", status="open") == 105
+    assert value("webhook_inbox_issues", source="hooks", status="resolved") == 1
+    assert value("webhook_inbox_issues", source="hooks", status="ignored") == 1
+    assert value("webhook_inbox_issues", source="other", status="acknowledged") == 1
+    failed = {
+        dict(labels)["fingerprint"]: v
+        for (name, labels), v in found.items()
+        if name == "webhook_inbox_issue_failed_attempts"
+    }
+    assert len(failed) == 100  # the bound: the most recently failing open or acknowledged
+    assert failed["open000"] == 1000
+    assert failed["ack"] == 7
+    assert "open099" not in failed  # the oldest go first
+    assert "resolved" not in failed
+    assert "ignored" not in failed

@@ -56,6 +56,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_rejected_deliveries",
             "inbox_consumers",
             "inbox_issues",
+            "inbox_issue_notices",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None
