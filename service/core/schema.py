@@ -477,7 +477,7 @@ class AlertWatermark(InboxTable, table=True):
     notified_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
 
-class IssueNotice(InboxTable, table=True):
+class IssueNoticeRecord(InboxTable, table=True):
     """`inbox_issue_notices`: per alert target and issue, the opening (`first_seen` or
     `reopened_at`) its notice tells of, when a pass claimed it and when it was delivered (0024).
     A later opening replaces the row: its notice is due again."""
