@@ -464,3 +464,16 @@ async def decrement_stock(message: InboxMessage, ctx: HandlerContext) -> None:
         text("UPDATE stock SET count = count - 1 WHERE sku = :sku"), {"sku": data["sku"]}
     )
     ctx.insert(EFFECTS, {**effect_fields(message), "payload": {"payment": data["payment"]}})
+
+
+async def fail_by_cause(message: InboxMessage, ctx: HandlerContext) -> None:
+    """Fails by the body's `cause`: `value` raises ValueError, `key` KeyError; recorded
+    otherwise. With ISSUES_FIXED set in the process's environment, a message whose id does not
+    start with `again` is fixed and recorded (the issue tests' fix, made by a restart)."""
+    cause = (message.payload or {}).get("cause")
+    fixed = os.environ.get("ISSUES_FIXED") and not message.message_id.startswith("again")
+    if not fixed and cause == "value":
+        raise ValueError("the amount is not a number")
+    if not fixed and cause == "key":
+        raise KeyError("customer")
+    await record(message, ctx)
