@@ -1,5 +1,5 @@
 """Issues (66) with real worker processes: 10,000 failures from three causes (two exception
-types in two handlers' paths, one forward answering 503), failed by two processing processes
+types in two handlers, one forward answering 503), failed by two processing processes
 and then by another after a restart, form exactly three issues; resolve-and-retry replays only
 its issue's messages, which stay resolved once fixed; a new failure of the cause reopens it,
 and each opening sends one notice."""
@@ -36,7 +36,7 @@ def sources(forward_url: str, alerts_url: str) -> str:
 kind = "generic"
 id_header = "X-Message-Id"
 max_attempts = 1
-handlers = ["tests.handlers:fail_by_cause"]
+handlers = ["tests.handlers:fail_on_value", "tests.handlers:fail_on_key"]
 
 [sources.relay]
 kind = "generic"
@@ -89,6 +89,12 @@ async def test_ten_thousand_failures_from_three_causes_across_processes_and_a_re
         ]
         assert actors == 2
         by_type = {r["error_type"]: r["fingerprint"] for r in issues}
+        handlers = await db.fetch("SELECT error_type, handler FROM inbox_issues")
+        assert {r["error_type"]: r["handler"] for r in handlers} == {
+            "ValueError": "tests.handlers:fail_on_value",
+            "KeyError": "tests.handlers:fail_on_key",
+            "ForwardFailed": None,
+        }
 
         # After a restart, the same causes are the same issues.
         restarted = start_worker(database_url, toml, tmp_path, "w3", **settings)
