@@ -81,14 +81,18 @@ handlers = ["tests.handlers:decrement_stock"]
 @dataclass
 class Proxy:
     """In front of B: passes A's requests on and B's answers back, counting B's answers per
-    `webhook-id`; answers 503 itself while `down_until` is ahead; and, when `kill` is armed,
-    calls it once B has answered a request and drops the connection instead of answering."""
+    `webhook-id`. Once B has answered `outage_at` requests, it answers 503 itself for
+    `OUTAGE_SECONDS`; once B has answered each of `kill_at`'s counts, it calls `kill` after
+    B's next 2xx and drops the connection instead of answering. Both are judged here, as each
+    answer comes, not by a look from outside that a fast relay could outrun."""
 
     target: str
     client: httpx.AsyncClient
     answered: Counter[str] = field(default_factory=Counter)
-    kill: Callable[[], None] | None = None
+    kill: Callable[[], list[int]] | None = None
+    kill_at: list[int] = field(default_factory=list)
     killed_after: list[str] = field(default_factory=list)
+    outage_at: int | None = None
     down_until: float = 0.0
     refused: int = 0
     port: int = 0
@@ -101,6 +105,9 @@ class Proxy:
         try:
             while (request := await read_request(reader)) is not None:
                 headers, body = request
+                if self.outage_at is not None and sum(self.answered.values()) >= self.outage_at:
+                    self.outage_at = None
+                    self.down_until = time.monotonic() + OUTAGE_SECONDS
                 if time.monotonic() < self.down_until:
                     self.refused += 1
                     status, reply = 503, b"B is down"
@@ -110,10 +117,10 @@ class Proxy:
                     status, reply = answer.status_code, answer.content
                     if 200 <= status < 300:  # B recorded it (first time, or a duplicate)
                         self.answered[headers["webhook-id"]] += 1
-                    if self.kill is not None and 200 <= status < 300:
-                        kill, self.kill = self.kill, None
+                    due = self.kill_at and sum(self.answered.values()) >= self.kill_at[0]
+                    if due and self.kill is not None and 200 <= status < 300 and self.kill():
+                        self.kill_at.pop(0)
                         self.killed_after.append(headers["webhook-id"])
-                        kill()
                         return  # B answered; A never hears it
                 head = f"HTTP/1.1 {status} Proxied\r\nContent-Length: {len(reply)}\r\n\r\n"
                 writer.write(head.encode() + reply)
@@ -210,29 +217,22 @@ async def run_with_faults(a: ServerProcess, proxy: Proxy, db: asyncpg.Connection
     paying = asyncio.create_task(pay(a.url, PAYMENTS))
     killed: list[int] = []
     handler_kills = list(KILL_HANDLERS_AT)
-    relay_kills = list(KILL_RELAY_AT)
-    outage = True
 
-    def kill_relay() -> None:
-        killed.extend(kill_processing(a))
+    def kill_relay() -> list[int]:
+        found = kill_processing(a)
+        killed.extend(found)
+        return found
 
+    proxy.kill, proxy.kill_at, proxy.outage_at = kill_relay, list(KILL_RELAY_AT), OUTAGE_AT
     async with asyncio.timeout(240):
-        while handler_kills or relay_kills or outage:
-            handled = await db.fetchval(A_HANDLED)
-            answered = sum(proxy.answered.values())
-            if handler_kills and handled >= handler_kills[0]:
-                handler_kills.pop(0)
-                killed += kill_processing(a)
-            if relay_kills and proxy.kill is None and answered >= relay_kills[0]:
-                relay_kills.pop(0)
-                proxy.kill = kill_relay
-            if outage and answered >= OUTAGE_AT:
-                outage = False
-                proxy.down_until = time.monotonic() + OUTAGE_SECONDS
+        while handler_kills or proxy.kill_at or proxy.outage_at is not None:
+            if handler_kills and await db.fetchval(A_HANDLED) >= handler_kills[0]:
+                found = kill_processing(a)  # none while the last one is being restarted
+                if found:
+                    handler_kills.pop(0)
+                    killed += found
             await asyncio.sleep(0.02)  # a look at the counts every 20 ms
         await paying
-        while proxy.kill is not None:  # the last relay kill waits for B's next answer
-            await asyncio.sleep(0.02)
     return killed
 
 
