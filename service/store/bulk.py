@@ -253,7 +253,11 @@ async def run(
                         if told is not None:
                             await told
         async with translate_errors(), engine.begin() as conn:
-            finished = (await conn.execute(FINISH, {"id": action.id, "after": position})).one()
+            finished = (
+                await conn.execute(FINISH, {"id": action.id, "after": position})
+            ).one_or_none()
+        if finished is None:  # finished at its start (nothing matched), or taken over
+            raise TakenOver(action.id)
     except TakenOver:
         return await get(engine, action.id)
     except asyncio.CancelledError:
