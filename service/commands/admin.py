@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.api.admin.bulk_actions import (
     begin,
     check_destination,
-    store_request,
+    count,
     stored_request,
 )
 from service.api.admin.destinations import collect_destination_stats, configured_of, replay_filter
@@ -327,7 +327,7 @@ async def act(args: argparse.Namespace) -> Exit:
             raise CommandError(exc.detail, Exit.FAILED) from None
     async with operator_engine(settings) as engine:
         if request.dry_run:
-            matched = await bulk.count(engine, store_request(request), actor())
+            matched = await count(engine, request, actor())
             if args.json:
                 print_json(BulkActionCount(matched=matched))
             else:

@@ -91,6 +91,11 @@ def document(action: BulkActionRow) -> BulkActionDocument:
     return BulkActionDocument.model_validate(action, from_attributes=True)
 
 
+async def count(engine: AsyncEngine, request: BulkActionRequest, actor: str) -> int:
+    """A dry run: how many messages the action would change now; nothing is recorded."""
+    return await bulk.count(engine, store_request(request), actor)
+
+
 async def begin(
     engine: AsyncEngine, request: BulkActionRequest, actor: str
 ) -> tuple[BulkActionRow, BulkRequest]:
@@ -135,11 +140,18 @@ async def start_action(
     batches in the background; `dry_run` only counts."""
     check_destination(state.inbox, request)
     if request.dry_run:
-        matched = await bulk.count(state.engine, store_request(request), admin.actor)
+        matched = await count(state.engine, request, admin.actor)
         return JSONResponse(BulkActionCount(matched=matched).model_dump())
-    action, started = await begin(state.engine, request, admin.actor)
+    return document(await start_in_background(state, request, admin.actor))
+
+
+async def start_in_background(
+    state: AppState, request: BulkActionRequest, actor: str
+) -> BulkActionRow:
+    """Record the action and run its batches in the app's background (the console's too)."""
+    action, started = await begin(state.engine, request, actor)
     run_in_background(state, action, started)
-    return document(action)
+    return action
 
 
 @router.get("/messages/actions", response_model=BulkActionList)
