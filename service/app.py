@@ -90,6 +90,8 @@ def create_app(
             yield
         finally:
             app.direct_ingest = None
+            # Before the engine goes: a bulk action's run marks itself interrupted.
+            await app.state.inbox.background.close()
             await committer.close()
             await rejections.close()
             await app.state.inbox.processed_counts.close()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -18,6 +20,34 @@ from service.sources.config_file import InboxConfig
 from service.store.counts import ProcessedCounts
 from service.store.group_commit import GroupCommitter
 from service.store.rejections import RejectionLog
+
+log = logging.getLogger("service.app")
+
+
+class BackgroundRuns:
+    """Work the app runs past the request that started it (a bulk action's batches). Kept
+    referenced, as asyncio keeps only weak references to tasks, and cancelled at shutdown:
+    each stops where its last committed batch left it (`store.bulk.run`)."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def start(self, work: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.ended)
+
+    def ended(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "background run failed", exc_info=task.exception(), extra={"run": task.get_name()}
+            )
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 @dataclass
@@ -40,6 +70,7 @@ class AppState:
     pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
     # Under `serve`: the supervisor's file of live children, which `/readyz` reads.
     processing_state: Path | None = None
+    background: BackgroundRuns = field(default_factory=BackgroundRuns)
 
 
 async def get_state(request: Request) -> AppState:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import json
 import re
 import socket
 from collections.abc import Coroutine
@@ -21,11 +22,21 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.api.admin.bulk_actions import (
+    begin,
+    check_destination,
+    count,
+    stored_request,
+)
 from service.api.admin.destinations import collect_destination_stats, configured_of, replay_filter
 from service.api.admin.issues import DECISIONS, issue_detail
 from service.api.admin.messages import detail_from_row, to_filter
 from service.api.admin.models import (
     FINGERPRINT_PATTERN,
+    BulkActionCount,
+    BulkActionDocument,
+    BulkActionList,
+    BulkActionRequest,
     BulkRetryRequest,
     BulkRetryResult,
     DeadLetterGroup,
@@ -48,9 +59,10 @@ from service.api.admin.models import (
 from service.api.admin.operations import collect_stats
 from service.api.admin.outbox import collect_endpoints
 from service.api.admin.rejections import RejectedQuery, rejected_page
+from service.api.problems import ProblemError
 from service.commands.database import operator_engine, operator_settings
 from service.commands.outcome import CommandError, Exit
-from service.commands.output import print_json
+from service.commands.output import Progress, print_json, table
 from service.commands.send import load_sources
 from service.commands.views import (
     describe_detail,
@@ -66,7 +78,7 @@ from service.commands.views import (
 from service.core.schema import Status
 from service.core.settings import Settings
 from service.store import admin as store
-from service.store import destinations, flow, issues
+from service.store import bulk, destinations, flow, issues
 from service.store.admin import MessageFilter, Position
 from service.store.search import SearchError, SearchTooBroad
 
@@ -304,6 +316,106 @@ def print_bulk(
         print(f"{result.matched} messages match; run again without --dry-run to {again}")
     else:
         print(f"{result.matched} messages matched, {result.retried} {done}")
+
+
+async def act(args: argparse.Namespace) -> Exit:
+    request: BulkActionRequest = validated(
+        BulkActionRequest,
+        {
+            **filter_values(args),
+            "action": args.kind.replace("-", "_"),
+            "destination": args.destination,
+            "status": args.status,
+            "dry_run": args.dry_run,
+        },
+    )
+    settings = operator_settings()
+    if request.destination is not None:
+        try:
+            check_destination(load_sources(settings), request)
+        except ProblemError as exc:
+            raise CommandError(exc.detail, Exit.FAILED) from None
+    async with operator_engine(settings) as engine:
+        if request.dry_run:
+            matched = await count(engine, request, actor())
+            if args.json:
+                print_json(BulkActionCount(matched=matched))
+            else:
+                print(f"{matched} messages match; run again without --dry-run to act on them")
+            return Exit.OK
+        action, started = await begin(engine, request, actor())
+        return await walk_shown(args, engine, action, started)
+
+
+async def walk_shown(
+    args: argparse.Namespace,
+    engine: AsyncEngine,
+    action: bulk.BulkActionRow,
+    request: bulk.BulkRequest,
+) -> Exit:
+    """Run a bulk action's batches here, its id first and its progress as they commit."""
+    if not args.json:
+        print(
+            f"bulk action {action.id}: {action.action} of {action.matched} messages "
+            f"(if interrupted: webhook-inbox messages actions resume {action.id})",
+            flush=True,
+        )
+    shown = Progress(action.matched, action.done)
+    ended = await bulk.run(
+        engine,
+        action,
+        request,
+        batch_size=args.batch_size,
+        on_progress=lambda at: shown.update(at.done),
+    )
+    shown.close()
+    if args.json:
+        print_json(BulkActionDocument.model_validate(ended, from_attributes=True))
+    else:
+        print(f"bulk action {ended.id} {ended.status}: {ended.done} of {ended.matched} changed")
+    return Exit.OK
+
+
+async def bulk_actions(args: argparse.Namespace) -> Exit:
+    if args.verb != "list" and args.id is None:
+        raise CommandError(f"`actions {args.verb}` needs the action's ID", Exit.USAGE)
+    async with operator_engine() as engine:
+        try:
+            if args.verb == "resume":
+                action = await bulk.resume(engine, args.id)
+                return await walk_shown(args, engine, action, stored_request(action))
+            listed = (
+                [await bulk.get(engine, args.id)]
+                if args.verb == "show"
+                else await bulk.list_actions(engine, args.limit)
+            )
+        except bulk.ActionNotFound:
+            raise CommandError(f"no bulk action with id {args.id}", Exit.FAILED) from None
+        except bulk.ResumeRefused as exc:
+            raise CommandError(exc.detail, Exit.FAILED) from None
+    documents = [BulkActionDocument.model_validate(a, from_attributes=True) for a in listed]
+    if args.json:
+        print_json(documents[0] if args.verb == "show" else BulkActionList(items=documents))
+        return Exit.OK
+    print(
+        table(
+            ["ID", "ACTION", "STATUS", "DONE", "MATCHED", "ACTOR", "STARTED", "QUERY"],
+            [
+                [
+                    d.id,
+                    d.action if d.destination is None else f"{d.action} {d.destination}",
+                    d.status,
+                    d.done,
+                    d.matched,
+                    d.actor,
+                    d.created_at,
+                    json.dumps(d.query, sort_keys=True),
+                ]
+                for d in documents
+            ],
+        )
+    )
+    return Exit.OK
 
 
 async def replay_to_destination(args: argparse.Namespace) -> Exit:

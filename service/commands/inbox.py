@@ -116,6 +116,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_json(bulk)
     bulk.set_defaults(run=run("bulk_retry"))
 
+    add_bulk_action_commands(actions)
+
     replay_to = subcommand(
         actions,
         "replay-to",
@@ -249,6 +251,72 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     add_json(stats)
     stats.set_defaults(run=run("show_stats"))
+
+
+BULK_ACTIONS_HELP = (
+    """
+The batches run in this process; the action's id is printed first. Interrupted (Ctrl-C, kill),
+it is continued by `webhook-inbox messages actions resume ID`."""
+    + FILTERS_HELP
+)
+
+
+def add_bulk_action_commands(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    act = subcommand(
+        actions,
+        "act",
+        help="retry, replay, discard or replay to a destination every match, recorded",
+        description="Act on every message the filters match, in batches, as a recorded "
+        "action with progress (POST /admin/messages/actions): `retry` the failed ones (or "
+        "the discarded ones --status names), `replay` them and the processed ones, "
+        "`discard` them (--status may name pending and processing ones too), or "
+        "`replay-destination` to one named destination of --source. --dry-run only counts.",
+        epilog=BULK_ACTIONS_HELP,
+    )
+    act.add_argument(
+        "kind",
+        choices=["retry", "replay", "discard", "replay-destination"],
+        metavar="{retry,replay,discard,replay-destination}",
+        help="what to do to each matching message",
+    )
+    add_filters(act, statuses=True)
+    act.add_argument("--destination", metavar="NAME", help="of replay-destination: its name")
+    act.add_argument("--dry-run", action="store_true", help="only count the matching messages")
+    add_batch_size(act)
+    add_json(act)
+    act.set_defaults(run=run("act"))
+
+    audit = subcommand(
+        actions,
+        "actions",
+        help="the bulk actions recorded: list, show one, resume an interrupted one",
+        description="The bulk actions, newest first, with their query, who ran them and their "
+        "progress (GET /admin/messages/actions); `show ID` one of them; `resume ID` continues "
+        "an interrupted one, or one whose runner died (no batch for 30 s), after its last "
+        "committed batch, in this process (POST /admin/messages/actions/{id}/resume).",
+    )
+    audit.add_argument(
+        "verb", nargs="?", choices=["list", "show", "resume"], default="list", help="list"
+    )
+    audit.add_argument("id", nargs="?", type=inbox_id, help="the action's id (show, resume)")
+    audit.add_argument(
+        "--limit", type=int, default=50, help="at most this many, 1 to 500 (default 50)"
+    )
+    add_batch_size(audit)
+    add_json(audit)
+    audit.set_defaults(run=run("bulk_actions"))
+
+
+def add_batch_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=500,
+        metavar="N",
+        help="messages per batch, each its own transaction (default 500)",
+    )
 
 
 def add_issue_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -55,3 +56,28 @@ def age(seconds: float | None) -> str:
     if minutes:
         return f"{minutes}m{secs}s"
     return f"{secs}s"
+
+
+class Progress:
+    """A long operation's progress on stdout: a bar redrawn in place on a terminal, else a
+    line per step (a log or a pipe keeps every line, and no carriage returns)."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int, done: int = 0) -> None:
+        self.total = total
+        self.on_terminal = sys.stdout.isatty()
+        self.update(done)
+
+    def update(self, done: int) -> None:
+        share = done / self.total if self.total else 1.0
+        if self.on_terminal:
+            filled = round(share * self.WIDTH)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            print(f"\r[{bar}] {done}/{self.total} {share:.0%}", end="", flush=True)
+        else:
+            print(f"{done}/{self.total} done", flush=True)
+
+    def close(self) -> None:
+        if self.on_terminal:
+            print()

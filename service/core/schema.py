@@ -37,6 +37,8 @@ from sqlmodel import Field, SQLModel
 from service.core.status import DUE as DUE
 from service.core.status import SETTLED as SETTLED
 from service.core.status import UNFINISHED as UNFINISHED
+from service.core.status import BulkAction as BulkAction
+from service.core.status import BulkActionStatus as BulkActionStatus
 from service.core.status import IssueStatus as IssueStatus
 from service.core.status import Status as Status
 from service.core.status import sql_list as sql_list
@@ -503,6 +505,50 @@ class IssueNoticeRecord(InboxTable, table=True):
     opened_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
     claimed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
     sent_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
+class BulkActionRecord(InboxTable, table=True):
+    """`inbox_bulk_actions`: the admin audit of bulk actions (0026), one row per action with
+    the query it ran, and its walk's progress, which each batch updates in the transaction
+    that changes its messages (`store.bulk`): progress never runs ahead of what committed, so
+    a resumed walk starts exactly after the last batch that did."""
+
+    __tablename__ = "inbox_bulk_actions"
+    __table_args__ = (
+        CheckConstraint(
+            f"action IN ({sql_list(list(BulkAction))})", name="inbox_bulk_actions_action_check"
+        ),
+        CheckConstraint(
+            f"status IN ({sql_list(list(BulkActionStatus))})",
+            name="inbox_bulk_actions_status_check",
+        ),
+    )
+
+    id: int | None = _identity_key()
+    action: str = Field(sa_column=Column(Text, nullable=False))
+    # The named destination of a `replay_destination`.
+    destination: str | None = Field(default=None, sa_column=Column(Text))
+    # The filters as the operator gave them (the admin API's request, without `dry_run`).
+    query: dict[str, Any] = Field(sa_column=Column(JSONB, nullable=False))
+    actor: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(sa_column=Column(Text, nullable=False))
+    matched: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # Messages changed so far.
+    done: int = Field(sa_column=Column(BigInteger, nullable=False, server_default=text("0")))
+    # The walk's position: the next batch picks ids above it.
+    after_id: int = Field(sa_column=Column(BigInteger, nullable=False, server_default=text("0")))
+    # The highest id matched when the action began: the walk's bound (null: none matched).
+    last_id: int | None = Field(default=None, sa_column=Column(BigInteger))
+    created_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    # The runner's heartbeat: touched by each batch.
+    updated_at: datetime | None = Field(
+        default=None,
+        sa_column=Column(DateTime(timezone=True), nullable=False, server_default=_now()),
+    )
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
 
 # What the foreign key's ON DELETE CASCADE did, per statement instead of per row: a DELETE of

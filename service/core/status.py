@@ -55,6 +55,26 @@ class IssueStatus(StrEnum):
     IGNORED = "ignored"
 
 
+class BulkAction(StrEnum):
+    """What an operator's bulk action does to every message a search matches
+    (`inbox_bulk_actions`, docs/operating.md#bulk-actions)."""
+
+    RETRY = "retry"
+    REPLAY = "replay"
+    DISCARD = "discard"
+    REPLAY_DESTINATION = "replay_destination"
+
+
+class BulkActionStatus(StrEnum):
+    """Where a bulk action's walk is: `running` while a runner's heartbeat is fresh (or its
+    runner died and nobody has resumed it yet), `interrupted` when its runner stopped it
+    (shutdown, Ctrl-C), `finished` once it walked to its bound."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+
+
 class TailKind(StrEnum):
     """What the live tail (`webhook-inbox tail`, GET /admin/tail) shows happening to a message:
     its first delivery accepted, a redelivery of it, or an attempt's outcome."""

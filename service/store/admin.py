@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypedDict
@@ -32,6 +32,11 @@ RETRYABLE = frozenset({Status.RETRYING, Status.DEAD, Status.DISCARDED})
 # What a bulk retry picks when its filter names no status: the messages that failed. Discarded
 # ones were set aside on purpose and processed ones would be replays; both must be named.
 BULK_DEFAULT_STATUSES = (Status.RETRYING, Status.DEAD)
+# What a bulk replay picks when its filter names no status: the failed ones and, as a replay
+# is asked for, the processed ones.
+BULK_REPLAY_DEFAULT_STATUSES = (Status.RETRYING, Status.DEAD, Status.PROCESSED)
+# Statuses a discard moves to `discarded`: unfinished or dead (`discard_message`).
+DISCARDABLE = frozenset({Status.PENDING, Status.PROCESSING, Status.RETRYING, Status.DEAD})
 # Worker attempt outcomes that are not failures; every other worker outcome counts as one.
 SUCCESS_OUTCOMES = ("processed", "skipped")
 
@@ -263,11 +268,12 @@ RESET_PAIRS = text(
      WHERE message_id = :id AND (status <> 'processed' OR :replay)
     """
 )
-# And its discard: the destinations not processed are set aside with it.
+# And its discard: the destinations not processed are set aside with it. Of the messages
+# `:ids`: one, or a bulk discard's batch.
 DISCARD_PAIRS = text(
     """
     UPDATE inbox_destinations SET status = 'discarded', updated_at = now()
-     WHERE message_id = :id AND status IN ('pending', 'retrying', 'dead')
+     WHERE message_id = ANY(:ids) AND status IN ('pending', 'retrying', 'dead')
     """
 )
 
@@ -312,21 +318,24 @@ RESET_TO_PENDING = text(
 # claim is dropped, so no worker claims it again and the reaper passes it over. The claimed
 # attempt stays counted (SHOWN_ATTEMPTS). A late finish of that attempt changes nothing: it is
 # fenced on the status and attempts it claimed (FINISH_ATTEMPTS, HOLD_CLAIMED, HOLD_LOCKED).
+# Of the messages `:ids`, locked by the caller: one, or a bulk discard's batch.
 SET_DISCARDED = text(
     f"""
-    WITH dropped AS (DELETE FROM inbox_claims WHERE message_id = :id)
+    WITH dropped AS (DELETE FROM inbox_claims WHERE message_id = ANY(:ids))
     UPDATE inbox_messages SET status = 'discarded', locked_until = NULL,
                               attempts = {SHOWN_ATTEMPTS}
-     WHERE id = :id
+     WHERE id = ANY(:ids)
     RETURNING {SUMMARY_COLUMNS}
     """  # noqa: S608
 )
 
-# An admin action in the attempt history: `attempt` is how many attempts the message had used.
+# Admin actions in the attempt history, one per message of `:ids`: each one's `attempt` (in
+# `:attempts`, in the same order) is how many attempts the message had used.
 RECORD_ACTION = text(
     """
     INSERT INTO inbox_attempts (message_id, attempt, started_at, finished_at, outcome, actor)
-    VALUES (:id, :attempt, now(), now(), :outcome, :actor)
+    SELECT taken.id, taken.attempt, now(), now(), :outcome, :actor
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS integer[])) AS taken(id, attempt)
     """
 )
 
@@ -382,7 +391,7 @@ async def retry_message(
         await conn.execute(RESET_PAIRS, {"id": message_id, "replay": action == ADMIN_REPLAY})
         await conn.execute(
             RECORD_ACTION,
-            {"id": message_id, "attempt": attempts, "outcome": action, "actor": actor},
+            {"ids": [message_id], "attempts": [attempts], "outcome": action, "actor": actor},
         )
         await conn.execute(NOTIFY, {"source": source})
     return dict(row._mapping), action
@@ -407,18 +416,26 @@ async def discard_message(
                 f"message {message_id} is processed; only unfinished or dead messages "
                 "can be discarded",
             )
-        row = (await conn.execute(SET_DISCARDED, {"id": message_id})).one()
-        await conn.execute(DISCARD_PAIRS, {"id": message_id})
-        await conn.execute(
-            RECORD_ACTION,
-            {
-                "id": message_id,
-                "attempt": row.attempt_count_total,
-                "outcome": ADMIN_DISCARD,
-                "actor": actor,
-            },
-        )
+        (row,) = await set_discarded(conn, [message_id], actor)
     return dict(row._mapping), True
+
+
+async def set_discarded(conn: AsyncConnection, ids: list[int], actor: str) -> list[Row[Any]]:
+    """Discard the messages `ids`, which the caller has locked and found discardable, with
+    their destinations not processed, and record the action on each: one message's discard,
+    or a batch of a bulk discard. Answers their rows."""
+    rows = list(await conn.execute(SET_DISCARDED, {"ids": ids}))
+    await conn.execute(DISCARD_PAIRS, {"ids": ids})
+    await conn.execute(
+        RECORD_ACTION,
+        {
+            "ids": [r.id for r in rows],
+            "attempts": [r.attempt_count_total for r in rows],
+            "outcome": ADMIN_DISCARD,
+            "actor": actor,
+        },
+    )
+    return rows
 
 
 @dataclass
@@ -435,6 +452,13 @@ def bulk_statuses(filters: MessageFilter, force: bool) -> list[str]:
     return [s for s in STATUSES if s in asked and s in allowed]
 
 
+def discard_statuses(filters: MessageFilter) -> list[str]:
+    """The statuses a bulk discard touches: those asked for (by default the failed ones, as a
+    bulk retry's) that a discard may leave, as `discard_message`'s: unfinished or dead."""
+    asked = filters.statuses or BULK_DEFAULT_STATUSES
+    return [s for s in STATUSES if s in asked and s in DISCARDABLE]
+
+
 async def count_matching(
     engine: AsyncEngine, where: str, params: dict[str, Any], search: Search | None = None
 ) -> tuple[int, int | None]:
@@ -447,109 +471,132 @@ async def count_matching(
     return int(counted[0]), counted[1]
 
 
+# A step of a batch's transaction, given the batch's answer (`in_batches`).
+BatchStep = Callable[[AsyncConnection, Row[Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class BatchWalk:
+    """A bulk change of the messages `where` (fixed clauses, bound `params`) matches, walked
+    in batches of ids (`in_batches`): `batch_sql` picks a batch (`picked_batch`) and answers
+    `last`, `n` and `sources`; `then`, if set, makes the rest of the change in the batch's
+    transaction."""
+
+    where: str
+    params: dict[str, Any]
+    batch_sql: TextClause
+    then: BatchStep | None = None
+    search: Search | None = None  # among the clauses: each statement is bounded in time
+
+
+def picked_batch(where: str, columns: str) -> str:
+    """The SELECT of a batch: up to `:batch` ids above `:after` and up to `:last_id` that
+    `where` matches, locked, with `id`, `source`, `old_attempts` and `columns`."""
+    return f"""
+        SELECT id, source, attempts AS old_attempts{columns}
+          FROM inbox_messages
+         WHERE {where} AND id > :after AND id <= :last_id
+         ORDER BY id
+         LIMIT :batch
+         -- A row a worker holds is skipped rather than waited for; it is not failed.
+           FOR UPDATE SKIP LOCKED
+    """  # noqa: S608 - fixed clauses, bound values
+
+
 async def in_batches(
     engine: AsyncEngine,
-    batch_sql: TextClause,
-    params: dict[str, Any],
+    walk: BatchWalk,
     last_id: int,
     batch_size: int,
-    search: Search | None = None,
+    *,
+    after: int = 0,
+    on_batch: BatchStep | None = None,
 ) -> AsyncIterator[Row[Any]]:
-    """Run `batch_sql` (which picks up to `:batch` ids above `:after` and up to `:last_id`,
-    and answers `last`, `n` and `sources`) one committed transaction per batch, waking the
-    workers of the sources each touched; yield each batch's answer. Walking ids upwards to
-    the highest one matched when the walk began bounds the work: a replayed message that the
-    worker finishes again meanwhile is not picked a second time."""
-    after = 0
+    """Run `walk` one committed transaction per batch, from the ids above `after`, waking the
+    workers of the sources each touched; yield each batch's answer. `on_batch` runs last in
+    each batch's transaction (a bulk action's progress, `store.bulk`): what it writes commits
+    with the batch or not at all. Walking ids upwards to the highest one matched when the walk
+    began bounds the work: a replayed message that the worker finishes again meanwhile is not
+    picked a second time."""
     while True:
-        async with engine.begin() as conn, bounded(conn, search):
+        async with engine.begin() as conn, bounded(conn, walk.search):
             batch = (
                 await conn.execute(
-                    batch_sql, {**params, "after": after, "last_id": last_id, "batch": batch_size}
+                    walk.batch_sql,
+                    {**walk.params, "after": after, "last_id": last_id, "batch": batch_size},
                 )
             ).one()
             if not batch.n:
                 return
+            if walk.then is not None:
+                await walk.then(conn, batch)
             for source in batch.sources:
                 await conn.execute(NOTIFY, {"source": source})
+            if on_batch is not None:
+                await on_batch(conn, batch)
         yield batch
         after = int(batch.last)
         if batch.n < batch_size:
             return
 
 
-async def move_matching_to_pending(
-    engine: AsyncEngine,
+def pending_walk(
     where: str,
     params: dict[str, Any],
     *,
     picked: str,
     then: str,
     answer: str,
-    dry_run: bool,
-    batch_size: int,
-    search: Search | None = None,
-) -> tuple[int, list[Row[Any]]]:
-    """Move every message `where` matches back to pending with a fresh attempt budget, one
-    short committed transaction per batch of ids (`in_batches`): how many matched, and each
-    batch's answer (`last`, `n`, `sources`, then `answer`'s columns); `dry_run` only counts.
+    search: Search | None,
+) -> BatchWalk:
+    """Move every message `where` matches back to pending with a fresh attempt budget: each
+    batch's answer has `last`, `n`, `sources`, then `answer`'s columns.
 
     A batch's `picked` CTE has each message's `id`, `source`, `old_attempts` and the columns
     `picked` adds; `then` is the batch's further CTEs, comma-separated as after WITH: what the
     action does besides moving the message."""
+    batch_sql = text(
+        f"""
+        WITH picked AS ({picked_batch(where, picked)}),
+        moved AS (
+            UPDATE inbox_messages m
+               SET status = 'pending', budget_start = m.attempts, next_attempt_at = now(),
+                   locked_until = NULL, processed_at = NULL
+              FROM picked
+             WHERE m.id = picked.id
+        ),
+        {then}
+        SELECT max(id) AS last, count(*) AS n, array_agg(DISTINCT source) AS sources{answer}
+          FROM picked
+        """  # noqa: S608 - fixed clauses, bound values
+    )
+    return BatchWalk(where, params, batch_sql, search=search)
+
+
+async def walk_matching(
+    engine: AsyncEngine, walk: BatchWalk, *, dry_run: bool, batch_size: int
+) -> tuple[int, list[Row[Any]]]:
+    """Count what `walk` matches, then (unless `dry_run`) walk it to the highest id counted:
+    how many matched, and each batch's answer."""
     async with translate_errors():
-        matched, last_id = await count_matching(engine, where, params, search)
+        matched, last_id = await count_matching(engine, walk.where, walk.params, walk.search)
         if dry_run or last_id is None:
             return matched, []
-        batch_sql = text(
-            f"""
-            WITH picked AS (
-                SELECT id, source, attempts AS old_attempts{picked}
-                  FROM inbox_messages
-                 WHERE {where} AND id > :after AND id <= :last_id
-                 ORDER BY id
-                 LIMIT :batch
-                 -- A row a worker holds is skipped rather than waited for; it is not failed.
-                   FOR UPDATE SKIP LOCKED
-            ),
-            moved AS (
-                UPDATE inbox_messages m
-                   SET status = 'pending', budget_start = m.attempts, next_attempt_at = now(),
-                       locked_until = NULL, processed_at = NULL
-                  FROM picked
-                 WHERE m.id = picked.id
-            ),
-            {then}
-            SELECT max(id) AS last, count(*) AS n, array_agg(DISTINCT source) AS sources{answer}
-              FROM picked
-            """  # noqa: S608 - fixed clauses, bound values
-        )
-        batches = [
-            b async for b in in_batches(engine, batch_sql, params, last_id, batch_size, search)
-        ]
+        batches = [b async for b in in_batches(engine, walk, last_id, batch_size)]
     return matched, batches
 
 
-async def bulk_retry(
-    engine: AsyncEngine,
-    filters: MessageFilter,
-    actor: str,
-    *,
-    force: bool,
-    dry_run: bool,
-    batch_size: int = BULK_BATCH_SIZE,
-) -> BulkRetryResult:
-    """Retry every message matching `filters`, one short transaction per batch of ids."""
+def retry_walk(filters: MessageFilter, actor: str, *, force: bool) -> BatchWalk | None:
+    """A bulk retry (`force`: and replay) of the messages matching `filters`, or None when no
+    status it may leave is asked for."""
     statuses = bulk_statuses(filters, force)
-    result = BulkRetryResult()
     if not statuses:
-        return result
+        return None
     # The filter's other conditions, with the statuses a retry may leave: a message claimed by
     # a batch in flight shows as `processing` (SHOWN_STATUS) and is left alone, as
     # `retry_message` refuses it.
     clauses, params = replace(filters, statuses=tuple(statuses)).where()
-    result.matched, batches = await move_matching_to_pending(
-        engine,
+    return pending_walk(
         where_sql(clauses),
         {**params, "actor": actor},
         picked=", status AS old_status",
@@ -573,9 +620,26 @@ async def bulk_retry(
                   FROM picked
             )""",  # noqa: S608 - fixed values
         answer=", count(*) FILTER (WHERE old_status = 'processed') AS replays",
-        dry_run=dry_run,
-        batch_size=batch_size,
         search=filters.search,
+    )
+
+
+async def bulk_retry(
+    engine: AsyncEngine,
+    filters: MessageFilter,
+    actor: str,
+    *,
+    force: bool,
+    dry_run: bool,
+    batch_size: int = BULK_BATCH_SIZE,
+) -> BulkRetryResult:
+    """Retry every message matching `filters`, one short transaction per batch of ids."""
+    result = BulkRetryResult()
+    walk = retry_walk(filters, actor, force=force)
+    if walk is None:
+        return result
+    result.matched, batches = await walk_matching(
+        engine, walk, dry_run=dry_run, batch_size=batch_size
     )
     for batch in batches:
         result.retried += int(batch.n)
@@ -584,6 +648,32 @@ async def bulk_retry(
             result.by_action.get(ADMIN_RETRY, 0) + int(batch.n) - batch.replays
         )
     return result
+
+
+def discard_walk(filters: MessageFilter, actor: str) -> BatchWalk | None:
+    """A bulk discard of the messages matching `filters`, as `discard_message` discards one:
+    only unfinished or dead ones, their claims dropped, their destinations not processed set
+    aside, each recorded; one a live attempt holds is skipped (SKIP LOCKED) rather than
+    waited for. None when no status a discard may leave is asked for."""
+    statuses = discard_statuses(filters)
+    if not statuses:
+        return None
+    clauses, params = replace(filters, statuses=tuple(statuses)).where()
+    where = where_sql(clauses)
+    # No NOTIFY: a discarded message gives a worker nothing to do.
+    batch_sql = text(
+        f"""
+        WITH picked AS ({picked_batch(where, "")})
+        SELECT max(id) AS last, count(*) AS n, CAST('{{}}' AS text[]) AS sources,
+               array_agg(id) AS ids
+          FROM picked
+        """  # noqa: S608 - fixed clauses, bound values
+    )
+
+    async def discard_batch(conn: AsyncConnection, batch: Row[Any]) -> None:
+        await set_discarded(conn, list(batch.ids), actor)
+
+    return BatchWalk(where, params, batch_sql, discard_batch, filters.search)
 
 
 RECENT_ATTEMPTS = text(

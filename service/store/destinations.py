@@ -25,11 +25,13 @@ from service.store.admin import (
     GET_MESSAGE,
     RESET_TO_PENDING,
     SUMMARY_COLUMNS,
+    BatchWalk,
     BulkRetryResult,
     InvalidTransition,
     MessageFilter,
     lock_message,
-    move_matching_to_pending,
+    pending_walk,
+    walk_matching,
     where_sql,
 )
 from service.store.errors import translate_errors
@@ -183,24 +185,13 @@ async def discard_destination(
     return dict(row._mapping), True
 
 
-async def replay_to_destination(
-    engine: AsyncEngine,
-    filters: MessageFilter,
-    destination: str,
-    actor: str,
-    *,
-    dry_run: bool,
-    batch_size: int = BULK_BATCH_SIZE,
-) -> BulkRetryResult:
+def destination_replay_walk(filters: MessageFilter, destination: str, actor: str) -> BatchWalk:
     """Run `destination` for every message matching `filters` (of the destination's source,
-    in `filters.source`) that is not in flight: older messages a destination added later
-    never received, or a destination's messages again. Each message's other destinations are
-    left as they are. One short transaction per batch of ids; `dry_run` only counts."""
+    in `filters.source`) that is not in flight (every status but `processing` unless
+    `filters.statuses` names some): each message's other destinations are left as they are."""
     statuses = [s.value for s in Status if s != Status.PROCESSING]
     clauses, params = replace(filters, statuses=tuple(filters.statuses or statuses)).where()
-    result = BulkRetryResult()
-    result.matched, batches = await move_matching_to_pending(
-        engine,
+    return pending_walk(
         where_sql(clauses),
         {**params, "actor": actor, "destination": destination},
         picked="",
@@ -219,9 +210,29 @@ async def replay_to_destination(
                   FROM picked
             )""",  # noqa: S608 - fixed values
         answer="",
+        search=filters.search,
+    )
+
+
+async def replay_to_destination(
+    engine: AsyncEngine,
+    filters: MessageFilter,
+    destination: str,
+    actor: str,
+    *,
+    dry_run: bool,
+    batch_size: int = BULK_BATCH_SIZE,
+) -> BulkRetryResult:
+    """Run `destination` for every message matching `filters` that is not in flight
+    (`destination_replay_walk`): older messages a destination added later never received,
+    or a destination's messages again. One short transaction per batch of ids; `dry_run`
+    only counts."""
+    result = BulkRetryResult()
+    result.matched, batches = await walk_matching(
+        engine,
+        destination_replay_walk(filters, destination, actor),
         dry_run=dry_run,
         batch_size=batch_size,
-        search=filters.search,
     )
     result.retried = sum(int(batch.n) for batch in batches)
     result.by_action[ADMIN_REPLAY] = result.retried

@@ -426,3 +426,70 @@ async def test_a_command_needs_only_the_secrets_of_the_source_it_verifies_or_sig
     for command in ("serve", "worker"):
         stopped = refused_at_start(monkeypatch, toml, TWO_SECRETS, command)
         assert stopped == f"config error: {toml}: {unset}"
+
+
+async def test_act_shows_its_id_and_progress_and_resumes_an_interrupted_action(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = [await seed(db, f"m-dead-{n}", status="dead") for n in range(5)]
+    other = await seed(db, "m-other", source="other", status="dead")
+
+    counted = await cli(
+        monkeypatch, database_url, *("messages", "act", "discard", "--source", "hooks", "--dry-run")
+    )
+    assert (counted.status, counted.out.split()[0]) == (0, "5")
+    assert await db.fetchval("SELECT count(*) FROM inbox_bulk_actions") == 0
+
+    retried = await cli(
+        monkeypatch,
+        database_url,
+        *("messages", "act", "retry", "--source", "hooks", "--batch-size", "2"),
+    )
+    lines = retried.out.splitlines()
+    action_id = await db.fetchval("SELECT max(id) FROM inbox_bulk_actions")
+    assert retried.status == 0, retried.err
+    # The id first, to resume with; then a line per committed batch (stdout is no terminal).
+    assert lines[0].startswith(f"bulk action {action_id}: retry of 5 messages")
+    assert f"messages actions resume {action_id}" in lines[0]
+    assert lines[1:5] == ["0/5 done", "2/5 done", "4/5 done", "5/5 done"]
+    assert lines[5] == f"bulk action {action_id} finished: 5 of 5 changed"
+    assert {await status_of(db, m) for m in dead} == {"pending"}
+    assert await status_of(db, other) == "dead"
+
+    # As Ctrl-C leaves a discard after its first batch of 2.
+    await db.execute("UPDATE inbox_messages SET status = 'dead' WHERE source = 'hooks'")
+    await db.execute("UPDATE inbox_messages SET status = 'discarded' WHERE id = ANY($1)", dead[:2])
+    interrupted = await db.fetchval(
+        "INSERT INTO inbox_bulk_actions (action, query, actor, status, matched, done, after_id,"
+        " last_id) VALUES ('discard', '{\"source\": \"hooks\"}', 'cli:test', 'interrupted', 5,"
+        " 2, $1, $2) RETURNING id",
+        dead[1],
+        dead[-1],
+    )
+    resumed = await cli(
+        monkeypatch,
+        database_url,
+        *("messages", "actions", "resume", str(interrupted), "--batch-size", "2"),
+    )
+    assert resumed.status == 0, resumed.err
+    assert resumed.out.splitlines()[1:] == [
+        "2/5 done",
+        "4/5 done",
+        "5/5 done",
+        f"bulk action {interrupted} finished: 5 of 5 changed",
+    ]
+    assert {await status_of(db, m) for m in dead} == {"discarded"}
+    assert (
+        await db.fetchval("SELECT count(*) FROM inbox_attempts WHERE outcome = 'admin_discard'")
+        == 3
+    )
+    assert await status_of(db, other) == "dead"
+
+    again = await cli(monkeypatch, database_url, "messages", "actions", "resume", str(interrupted))
+    assert again.status == 1
+    assert "finished" in again.err
+    listed = await cli(monkeypatch, database_url, "messages", "actions", "--json")
+    assert [a["id"] for a in listed.json()["items"]] == [interrupted, action_id]
+    assert listed.json()["items"][0]["query"] == {"source": "hooks"}
+    shown = await cli(monkeypatch, database_url, "messages", "actions", "show", str(action_id))
+    assert shown.out.splitlines()[1].split()[:5] == [str(action_id), "retry", "finished", "5", "5"]

@@ -3,6 +3,7 @@ and that its actions and numbers are the admin API's."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from datetime import timedelta
@@ -760,3 +761,36 @@ async def test_resolve_and_retry_counts_first_then_retries_only_that_issues_dead
     actors = await db.fetch("SELECT actor FROM inbox_attempts WHERE outcome = 'admin_retry'")
     assert [a["actor"] for a in actors] == [CONSOLE_ACTOR] * 2
     assert 'status-resolved">resolved' in shown.text
+
+
+async def test_a_bulk_discard_counts_first_then_shows_the_recorded_actions_progress(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    matching = [await seed(db, f"d-{i}", status="dead", event_type="order.paid") for i in range(3)]
+    other = await seed(db, "d-other", status="dead", event_type="order.created")
+    async with client_for(CONFIG, admin_tokens=[TOKEN]) as client:
+        csrf = await sign_in(client)
+        retry_preview = await client.get("/console/bulk-retry", params={"event_type": "order.paid"})
+        preview = await client.get(
+            "/console/bulk-action", params={"action": "discard", "event_type": "order.paid"}
+        )
+        statuses_before = [await status_of(db, m) for m in matching]
+        started = await client.post(
+            "/console/bulk-action",
+            content=urlencode(
+                [("csrf_token", csrf), ("action", "discard"), ("event_type", "order.paid")]
+            ),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert started.status_code == 303, started.text
+        for _ in range(100):
+            progress = await client.get(started.headers["location"])
+            if "Finished" in progress.text:
+                break
+            await asyncio.sleep(0.05)
+    assert "/console/bulk-action?action=discard&amp;event_type=order.paid" in retry_preview.text
+    assert "<strong>3</strong> messages would be discarded" in preview.text
+    assert statuses_before == ["dead"] * 3  # the dry run changed nothing
+    assert "Finished: 3 of 3 changed (100%)" in progress.text
+    assert [await status_of(db, m) for m in matching] == ["discarded"] * 3
+    assert await status_of(db, other) == "dead"

@@ -57,6 +57,7 @@ async def test_upgrade_downgrade_upgrade(pg_server: str) -> None:
             "inbox_consumers",
             "inbox_issues",
             "inbox_issue_notices",
+            "inbox_bulk_actions",
         }
         await downgrade(engine, "base")
         assert await current_revision(engine) is None

@@ -15,6 +15,7 @@ from tests.admin_seed import AUTH, seed
 from tests.cli_runner import cli
 from tests.conftest import AppFactory
 from tests.integration.test_admin_messages import admin_client, list_ids
+from tests.integration.test_bulk_actions import act
 
 
 def charge(customer: str, charge_id: str, amount: int, **extra: Any) -> bytes:
@@ -319,3 +320,31 @@ async def test_the_command_line_searches_as_the_api_does(
     assert "where" in bad.err
     dead = await cli(monkeypatch, database_url, "dead-letters", "-q", "ch_3QH", "--json")
     assert [item["id"] for item in dead.json()["items"]] == [ids["c9"]]
+
+
+async def test_an_action_by_search_acts_on_exactly_the_matches_and_records_the_search(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    ids = await seeded(db)
+    await db.execute("UPDATE inbox_messages SET status = 'dead'")
+    search_fields = {
+        "where": ["data.object.customer=cus_9"],
+        "header": ["X-Shop-Domain: acme.example"],
+    }
+    async with admin_client(client_for) as client:
+        counted = await client.post(
+            "/admin/messages/actions",
+            json={"action": "discard", **search_fields, "dry_run": True},
+            headers=AUTH,
+        )
+        assert counted.json()["matched"] == 2
+        action = await act(client, action="discard", **search_fields)
+        audit = (await client.get("/admin/messages/actions", headers=AUTH)).json()
+    assert (action["matched"], action["done"]) == (2, 2)
+    discarded = await db.fetch(
+        "SELECT id FROM inbox_messages WHERE status = 'discarded' ORDER BY id"
+    )
+    assert [r["id"] for r in discarded] == [ids["c9"], ids["c9b"]]
+    recorded = audit["items"][0]
+    assert recorded["query"]["where"] == search_fields["where"]
+    assert recorded["query"]["header"] == search_fields["header"]

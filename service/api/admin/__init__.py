@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from service.api.admin import (
+    bulk_actions,
     consumers,
     destinations,
     issues,
@@ -23,6 +24,8 @@ router = APIRouter(
     dependencies=[Depends(require_admin)],
     responses=problem_responses(400, 401, 422, 503),
 )
+# Before the messages' routes: `/messages/actions` is not a message id.
+router.include_router(bulk_actions.router)
 router.include_router(messages.router)
 router.include_router(operations.router)
 router.include_router(destinations.router)

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from service.core.schema import IssueStatus, Status
+from service.core.schema import BulkAction, BulkActionStatus, IssueStatus, Status
 from service.store import search
 
 MAX_ID = 2**63 - 1  # inbox ids are PostgreSQL bigints
@@ -420,6 +420,112 @@ class DestinationReplayRequest(EventFilters):
         "(a message in flight is never taken).",
     )
     dry_run: bool = Field(default=False, description="Only count the matching messages.")
+
+
+class BulkActionRequest(MessageFilters):
+    """A bulk action over every message the filters match (the search), or (`dry_run`) only
+    its count."""
+
+    # The rule of `destination_of_its_replay` in the schema too, so that a client (or a
+    # generator of valid requests) knows it.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"action": {"const": "replay_destination"}}},
+            "then": {
+                "required": ["destination", "source"],
+                "properties": {"destination": {"type": "string"}, "source": {"type": "string"}},
+            },
+            "else": {"properties": {"destination": {"type": "null"}}},
+        },
+    )
+
+    action: BulkAction = Field(
+        description="`retry`: the failed (or named discarded) messages get a fresh attempt "
+        "budget, as `POST /admin/messages/retry`; `replay`: the same, processed messages "
+        'too, as it does with `{"force": true}`; `discard`: set aside, as `POST '
+        "/admin/messages/{id}/discard` does one; `replay_destination`: run `destination` "
+        "for the `source`'s messages, as `POST /admin/sources/{source}/destinations/{name}/"
+        "replay`."
+    )
+    destination: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$",
+        description="The named destination of a `replay_destination` (which needs `source` "
+        "too); no other action takes one.",
+    )
+    status: list[Status] = Field(
+        default_factory=list,
+        description="Only messages in these statuses, of those the action may change. "
+        "Default: `retrying` and `dead` for `retry` and `discard` (`pending` and `processing` "
+        "must be named to be discarded, `discarded` to be retried); those and `processed` for "
+        "`replay`; every status but `processing` for `replay_destination`.",
+    )
+    dry_run: bool = Field(
+        default=False, description="Only count the matching messages; nothing is recorded."
+    )
+
+    @model_validator(mode="after")
+    def destination_of_its_replay(self) -> BulkActionRequest:
+        if self.action == BulkAction.REPLAY_DESTINATION:
+            if self.destination is None or self.source is None:
+                raise ValueError("a replay_destination names its `destination` and `source`")
+        elif self.destination is not None:
+            raise ValueError(f"`destination` is for replay_destination, not {self.action}")
+        return self
+
+
+class BulkActionCount(BaseModel):
+    """A bulk action's dry run."""
+
+    matched: int = Field(description="Messages the action would change now.")
+
+
+class BulkActionDocument(BaseModel):
+    """A bulk action: what it does, to which search, who ran it, and its progress."""
+
+    id: int = Field(description="The action's id, for its progress and its resumption.")
+    action: BulkAction = Field(description="What it does to each matching message.")
+    destination: str | None = Field(description="The destination of a `replay_destination`.")
+    query: dict[str, Any] = Field(
+        description="The filters as the operator gave them (the request without `action`, "
+        "`destination` and `dry_run`)."
+    )
+    actor: str = Field(
+        description="Who started it: the admin token's fingerprint (`console:` first from "
+        "the web console; `cli:user@host` from the command line)."
+    )
+    status: BulkActionStatus = Field(
+        description="`running`; `interrupted` (its runner was stopped: resume it); "
+        "`finished`. A `running` one whose `updated_at` is over 30 s old lost its runner and "
+        "may be resumed."
+    )
+    matched: int = Field(description="Messages matched when it began.")
+    done: int = Field(
+        description="Messages changed so far: at most `matched` (fewer when some changed "
+        "state meanwhile, or a worker held them)."
+    )
+    after_id: int = Field(
+        description="Its position: every matching message up to this id has been walked; "
+        "a resumption continues above it."
+    )
+    last_id: int | None = Field(
+        description="The highest id matched when it began: its walk ends there (messages "
+        "arriving later are not taken). Null when nothing matched."
+    )
+    created_at: datetime = Field(description="When it began.")
+    updated_at: datetime = Field(description="Its last batch (its runner's heartbeat).")
+    finished_at: datetime | None = Field(description="When it finished; null until then.")
+
+
+class BulkActionList(BaseModel):
+    items: list[BulkActionDocument] = Field(description="The bulk actions, newest first.")
+
+
+class BulkActionListQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=50, ge=1, le=500, description="At most this many, 1 to 500.")
 
 
 class BulkRetryResult(BaseModel):

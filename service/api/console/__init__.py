@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
 
-from service.api.console import actions, issues, live, outbox, pages, rejected, signin
+from service.api.console import actions, bulk, issues, live, outbox, pages, rejected, signin
 from service.api.console.access import (
     ConsoleError,
     SignInRequired,
@@ -18,6 +18,7 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 router.include_router(signin.router)
 router.include_router(pages.router)
 router.include_router(actions.router)
+router.include_router(bulk.router)
 router.include_router(rejected.router)
 router.include_router(outbox.router)
 router.include_router(issues.router)

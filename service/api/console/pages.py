@@ -378,6 +378,8 @@ async def confirm_bulk_retry(request: Request, state: StateDep, operator: Operat
         matched=counted.matched,
         statuses=statuses,
         left_out=[s for s in asked if s not in statuses],
+        replay_url=url("/console/bulk-action", [("action", "replay"), *items]),
+        discard_url=url("/console/bulk-action", [("action", "discard"), *items]),
         filters=items,
         back_url=url("/console/messages", items),
     )
