@@ -45,7 +45,9 @@ max_attempts = 1
 
 [sources.relay.forward]
 url = "{forward_url}"
-timeout_seconds = 5
+# Generous: on a loaded machine a 5 s wait for the sink's 503 was cut short now and then,
+# and a timeout is another cause (another issue) than the 503 this test sends.
+timeout_seconds = 30
 breaker_failures = 1000
 
 [alerts]
@@ -75,7 +77,7 @@ async def test_ten_thousand_failures_from_three_causes_across_processes_and_a_re
             await enqueue(db, "relay", "f", "none", FORWARD)
             await wait_until(db, DEAD, TOTAL, 240)
             issues = await db.fetch(
-                "SELECT fingerprint, error_type, failed_attempts FROM inbox_issues"
+                "SELECT fingerprint, error_type, detail, failed_attempts FROM inbox_issues"
             )
             actors = await db.fetchval("SELECT count(DISTINCT actor) FROM inbox_attempts")
         finally:
@@ -86,7 +88,7 @@ async def test_ten_thousand_failures_from_three_causes_across_processes_and_a_re
             ("ForwardFailed", FORWARD),
             ("KeyError", KEY),
             ("ValueError", VALUE),
-        ]
+        ], [dict(r) for r in issues]
         assert actors == 2
         by_type = {r["error_type"]: r["fingerprint"] for r in issues}
         handlers = await db.fetch("SELECT error_type, handler FROM inbox_issues")
