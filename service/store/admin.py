@@ -225,17 +225,52 @@ async def list_messages(
         clauses.append("(received_at, id) < (:after_received_at, :after_id)")
         params.update(after_received_at=after.received_at, after_id=after.id)
     params["limit"] = limit + 1  # one more than asked tells whether another page exists
-    query = text(
-        f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
-        "ORDER BY received_at DESC, id DESC LIMIT :limit"
-    )
-    async with translate_errors(), engine.connect() as conn, bounded(conn, filters.search):
-        rows = [dict(r._mapping) for r in await conn.execute(query, params)]
+    where = where_sql(clauses)
+    async with translate_errors():
+        if filters.search is None:
+            async with engine.connect() as conn:
+                rows = [
+                    dict(r) for r in (await conn.execute(newest_first(where), params)).mappings()
+                ]
+        else:
+            rows = await searched_page(engine, filters.search, where, params)
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]
     last = rows[-1]
     return rows, Position(last["received_at"], last["id"])
+
+
+def newest_first(where: str, *, among: str = "TRUE") -> TextClause:
+    """A page of the messages `where` matches (among `among`), newest first."""
+    return text(
+        f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {among} AND {where} "  # noqa: S608 - fixed clauses, bound values
+        "ORDER BY received_at DESC, id DESC LIMIT :limit"
+    )
+
+
+# A search that matches fewer messages than this has them all read through its indexes and
+# the newest page taken from them; one that matches more is listed by walking the messages
+# newest first, which then soon meets a page of them (`searched_page`).
+FEW_MATCHES = 1000
+
+
+async def searched_page(
+    engine: AsyncEngine, search: Search, where: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A page of a search (`where`, with `search` among its clauses), newest first, read the
+    way that suits how many it matches, which the planner cannot tell (see BOUND_SEARCH): up to
+    FEW_MATCHES ids through the search's index bitmaps; if that is all of them, the page is
+    taken from those, else the messages are walked newest first until it is full."""
+    matched = text(f"SELECT id FROM inbox_messages WHERE {where} LIMIT {FEW_MATCHES}")  # noqa: S608
+    async with engine.connect() as conn, bounded(conn, search):
+        ids = [int(r.id) for r in await conn.execute(matched, params)]
+        if len(ids) < FEW_MATCHES:
+            page = newest_first(where, among="id = ANY(:ids)")
+            found = await conn.execute(page, {**params, "ids": ids})
+            return [dict(r) for r in found.mappings()]
+    async with engine.connect() as conn, bounded(conn, search, walk=True):
+        return [dict(r) for r in (await conn.execute(newest_first(where), params)).mappings()]
 
 
 GET_MESSAGE = text(

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from service.store import search
+from service.store import admin, search
 from tests.admin_seed import AUTH, seed
 from tests.cli_runner import cli
 from tests.conftest import AppFactory
@@ -285,7 +285,7 @@ async def test_a_search_past_its_time_bound_is_refused_as_too_broad(
           FROM generate_series(1, 30000) g
         """
     )
-    monkeypatch.setattr(search, "BOUND_SEARCH", search.timeout_statement(1))
+    monkeypatch.setattr(search, "SEARCH_TIMEOUT_MS", 1)
     async with admin_client(client_for) as client:
         broad = await client.get("/admin/messages", params={"where": "n!=1"}, headers=AUTH)
         counted = await client.post(
@@ -348,3 +348,31 @@ async def test_an_action_by_search_acts_on_exactly_the_matches_and_records_the_s
     recorded = audit["items"][0]
     assert recorded["query"]["where"] == search_fields["where"]
     assert recorded["query"]["header"] == search_fields["header"]
+
+
+async def test_a_search_matching_many_pages_newest_first_as_one_matching_few(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    """Past FEW_MATCHES matches a page is found by walking newest first, not from the index's
+    matches: both give the same pages."""
+    await db.execute(
+        """
+        INSERT INTO inbox_messages (source, message_id, body, content_type, received_at)
+        SELECT 'hooks', 'many-' || g, convert_to('{"n": ' || (g % 2) || '}', 'UTF8'),
+               'application/json', now() - g * interval '1 second'
+          FROM generate_series(1, $1::int) g
+        """,
+        4 * admin.FEW_MATCHES,
+    )
+    newest = await db.fetch(
+        "SELECT id FROM inbox_messages WHERE message_id LIKE 'many-%' "
+        "AND convert_from(body, 'UTF8') = '{\"n\": 1}' ORDER BY received_at DESC, id DESC LIMIT 150"
+    )
+    async with admin_client(client_for) as client:
+        first = await client.get(
+            "/admin/messages", params={"where": "n=1", "limit": 100}, headers=AUTH
+        )
+        after = {"where": "n=1", "limit": 50, "cursor": first.json()["next_cursor"]}
+        second = await client.get("/admin/messages", params=after, headers=AUTH)
+    listed = [m["id"] for m in first.json()["items"] + second.json()["items"]]
+    assert listed == [r["id"] for r in newest]
