@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -15,7 +16,7 @@ from service.core.schema import DUE, SETTLED, Status, sql_list
 from service.store.claims import CLAIMED_IDS, SHOWN_ATTEMPTS, SHOWN_STATUS
 from service.store.errors import is_lock_timeout, translate_errors
 from service.store.notifications import NOTIFY
-from service.store.search import Search, bounded
+from service.store.search import Search, SearchTooBroad, bounded
 
 
 @dataclass(frozen=True)
@@ -250,9 +251,12 @@ def newest_first(where: str, *, among: str = "TRUE") -> TextClause:
 
 
 # A search that matches fewer messages than this has them all read through its indexes and
-# the newest page taken from them; one that matches more is listed by walking the messages
-# newest first, which then soon meets a page of them (`searched_page`).
-FEW_MATCHES = 1000
+# the newest page taken from them; one that matches more, or whose index entries alone take
+# longer than FEW_MATCHES_MS to read (a value a third of the messages hold has millions), is
+# listed by walking the messages newest first, which then soon meets a page of them
+# (`searched_page`). A customer's messages among 10 M number a few hundred.
+FEW_MATCHES = 2000
+FEW_MATCHES_MS = 500
 
 
 async def searched_page(
@@ -263,12 +267,13 @@ async def searched_page(
     FEW_MATCHES ids through the search's index bitmaps; if that is all of them, the page is
     taken from those, else the messages are walked newest first until it is full."""
     matched = text(f"SELECT id FROM inbox_messages WHERE {where} LIMIT {FEW_MATCHES}")  # noqa: S608
-    async with engine.connect() as conn, bounded(conn, search):
-        ids = [int(r.id) for r in await conn.execute(matched, params)]
-        if len(ids) < FEW_MATCHES:
-            page = newest_first(where, among="id = ANY(:ids)")
-            found = await conn.execute(page, {**params, "ids": ids})
-            return [dict(r) for r in found.mappings()]
+    with contextlib.suppress(SearchTooBroad):  # too many to read through its indexes: walk
+        async with engine.connect() as conn, bounded(conn, search, timeout_ms=FEW_MATCHES_MS):
+            ids = [int(r.id) for r in await conn.execute(matched, params)]
+            if len(ids) < FEW_MATCHES:
+                page = newest_first(where, among="id = ANY(:ids)")
+                found = await conn.execute(page, {**params, "ids": ids})
+                return [dict(r) for r in found.mappings()]
     async with engine.connect() as conn, bounded(conn, search, walk=True):
         return [dict(r) for r in (await conn.execute(newest_first(where), params)).mappings()]
 

@@ -360,16 +360,22 @@ BOUND_SEARCH = text(
 
 @asynccontextmanager
 async def bounded(
-    conn: AsyncConnection, search: Search | None, *, walk: bool = False
+    conn: AsyncConnection,
+    search: Search | None,
+    *,
+    walk: bool = False,
+    timeout_ms: int | None = None,
 ) -> AsyncIterator[None]:
     """Run the statements of `conn`'s transaction that may search: with `search`, each is cut
-    at SEARCH_TIMEOUT_MS (`SearchTooBroad`) and reads through its indexes' bitmaps
-    (BOUND_SEARCH), or, with `walk`, as the planner likes (for a search known to match many
-    messages, where walking newest first finds a page soonest); without one, as ever."""
+    at `timeout_ms` (SEARCH_TIMEOUT_MS unless given; `SearchTooBroad`) and reads through its
+    indexes' bitmaps (BOUND_SEARCH), or, with `walk`, as the planner likes (for a search known
+    to match many messages, where walking newest first finds a page soonest); without one, as
+    ever."""
     if search is None:
         yield
         return
-    await conn.execute(BOUND_SEARCH, {"timeout": str(SEARCH_TIMEOUT_MS), "walk": walk})
+    timeout = SEARCH_TIMEOUT_MS if timeout_ms is None else timeout_ms
+    await conn.execute(BOUND_SEARCH, {"timeout": str(timeout), "walk": walk})
     try:
         yield
     except Exception as exc:

@@ -286,6 +286,7 @@ async def test_a_search_past_its_time_bound_is_refused_as_too_broad(
         """
     )
     monkeypatch.setattr(search, "SEARCH_TIMEOUT_MS", 1)
+    monkeypatch.setattr(admin, "FEW_MATCHES_MS", 1)
     async with admin_client(client_for) as client:
         broad = await client.get("/admin/messages", params={"where": "n!=1"}, headers=AUTH)
         counted = await client.post(
