@@ -207,21 +207,32 @@ def where_sql(clauses: Sequence[str]) -> str:
     return " AND ".join(clauses) if clauses else "TRUE"
 
 
+# What a row adds to its summary when it is read with its delivery (an export's lines).
+DELIVERY_COLUMNS = "headers, body, content_type"
+
+
 async def list_messages(
-    engine: AsyncEngine, filters: MessageFilter, limit: int, after: Position | None
+    engine: AsyncEngine,
+    filters: MessageFilter,
+    limit: int,
+    after: Position | None,
+    *,
+    delivery: bool = False,
 ) -> tuple[list[dict[str, Any]], Position | None]:
-    """One page, newest first, and the position to continue after (None on the last page).
+    """One page, newest first, and the position to continue after (None on the last page);
+    with `delivery`, each row's headers, body and content type too.
 
     Keyset paging on `(received_at, id)`: a page starts strictly after the previous page's
     last row, so rows arriving meanwhile (always newer) never shift or repeat later pages.
     """
+    columns = f"{SUMMARY_COLUMNS}, {DELIVERY_COLUMNS}" if delivery else SUMMARY_COLUMNS
     clauses, params = filters.where()
     if after is not None:
         clauses.append("(received_at, id) < (:after_received_at, :after_id)")
         params.update(after_received_at=after.received_at, after_id=after.id)
     params["limit"] = limit + 1  # one more than asked tells whether another page exists
     query = text(
-        f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
+        f"SELECT {columns} FROM inbox_messages WHERE {where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
         "ORDER BY received_at DESC, id DESC LIMIT :limit"
     )
     async with translate_errors(), engine.connect() as conn, bounded(conn, filters.search):
@@ -231,6 +242,36 @@ async def list_messages(
     rows = rows[:limit]
     last = rows[-1]
     return rows, Position(last["received_at"], last["id"])
+
+
+# An export's page: few enough rows that a page of bodies is about a megabyte at a few KB a
+# body (250 MiB at worst, every body at the default 1 MiB ingest limit), many enough that a
+# million matches take 4,000 statements.
+EXPORT_PAGE_SIZE = 250
+
+
+async def matching_pages(
+    engine: AsyncEngine,
+    filters: MessageFilter,
+    *,
+    limit: int | None = None,
+    page_size: int = EXPORT_PAGE_SIZE,
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Every message matching `filters` (the newest `limit` of them), newest first, with its
+    delivery, one `list_messages` page at a time: what an export streams. Each page is its
+    own statement (bounded in time by a search) on a connection held only for it, so memory,
+    a statement's time and a connection's hold stay those of one page however many match.
+    The first page is yielded even when empty, so that reading it checks the search."""
+    after: Position | None = None
+    left = limit
+    while True:
+        size = page_size if left is None else min(page_size, left)
+        rows, after = await list_messages(engine, filters, size, after, delivery=True)
+        yield rows
+        if left is not None:
+            left -= len(rows)
+        if after is None or left == 0:
+            return
 
 
 GET_MESSAGE = text(

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends
 from service.api.admin import (
     consumers,
     destinations,
+    export,
     issues,
     messages,
     operations,
@@ -23,6 +24,8 @@ router = APIRouter(
     dependencies=[Depends(require_admin)],
     responses=problem_responses(400, 401, 422, 503),
 )
+# Before messages: its `/messages/{id}` would take `export` for an id.
+router.include_router(export.router)
 router.include_router(messages.router)
 router.include_router(operations.router)
 router.include_router(destinations.router)

@@ -22,6 +22,7 @@ from service.api.admin.models import (
     DeadLetterGroups,
     DeadLetterQuery,
     DestinationState,
+    MessageDelivery,
     MessageDetail,
     MessageFilters,
     MessagePage,
@@ -204,19 +205,32 @@ async def get_message(state: StateDep, id: MessageIdPath) -> MessageDetail:
     return detail_from_row(row)
 
 
-def detail_from_row(row: Mapping[str, Any]) -> MessageDetail:
-    """The detail document of a `store.get_message` row (the command line shows it too)."""
+def delivery_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's summary and delivery fields as the documents name them: its headers (redacted
+    at ingest) parsed, its body as `payload` or `body_base64` (`decode_body`)."""
     headers = row["headers"]
     if isinstance(headers, str):
         headers = json.loads(headers)
     payload, body_base64 = decode_body(bytes(row["body"]), row["content_type"])
+    return {
+        **row,
+        "attempt_count": row["attempts"],
+        "headers": headers,
+        "payload": payload,
+        "body_base64": body_base64,
+    }
+
+
+def delivery_from_row(row: Mapping[str, Any]) -> MessageDelivery:
+    """An export's document of a `store.matching_pages` row."""
+    return MessageDelivery.model_validate(delivery_fields(row))
+
+
+def detail_from_row(row: Mapping[str, Any]) -> MessageDetail:
+    """The detail document of a `store.get_message` row (the command line shows it too)."""
     return MessageDetail.model_validate(
         {
-            **row,
-            "attempt_count": row["attempts"],
-            "headers": headers,
-            "payload": payload,
-            "body_base64": body_base64,
+            **delivery_fields(row),
             "attempts": row["attempt_history"],
             "destinations": [DestinationState.from_row(d) for d in row["destinations"]],
             "trace_id": trace_id_of(row["trace_context"]),
