@@ -4,7 +4,9 @@ anything streams; the command line writes the same lines."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from service.store import search
 from tests.admin_seed import AUTH
 from tests.cli_runner import cli
 from tests.conftest import AppFactory
+from tests.console_helpers import sign_in
 from tests.integration.test_admin_messages import admin_client, list_ids
 from tests.integration.test_search import HOSTILE, seeded
 
@@ -174,3 +177,32 @@ async def test_the_command_line_writes_the_same_lines(
     assert refused.status == 2
     assert "where" in refused.err
     assert output.read_text() == response.text  # a refused export leaves FILE as it was
+
+
+async def test_the_console_searches_keeps_the_search_and_exports_it(
+    client_for: AppFactory, db: asyncpg.Connection
+) -> None:
+    ids = await seeded(db)
+    search_params = [("q", "cus_9"), ("where", "data.object.amount=7"), ("header", "")]
+    async with admin_client(client_for) as client:
+        unsigned = await client.get("/console/messages/export", params={"q": "cus_9"})
+        await sign_in(client)
+        listed = await client.get("/console/messages", params=search_params)
+        # The blank field is dropped from the URL; the search keeps its values on the page.
+        assert listed.status_code == 303
+        page = await client.get(listed.headers["location"])
+        bad = await client.get("/console/messages", params={"where": "data..x=1"})
+        export_url = re.search(r'href="(/console/messages/export\?[^"]*)"', page.text)
+        assert export_url is not None
+        lines = await client.get(html.unescape(export_url.group(1)))
+    assert f'href="/console/messages/{ids["c9b"]}"' in page.text
+    assert f'href="/console/messages/{ids["c9"]}"' not in page.text
+    assert 'value="cus_9"' in page.text
+    assert 'value="data.object.amount=7"' in page.text
+    assert bad.status_code == 200
+    assert "These filters cannot be used" in bad.text
+    assert "where: " in bad.text
+    assert lines.status_code == 200
+    assert lines.headers["content-type"] == "application/x-ndjson"
+    assert [json.loads(line)["id"] for line in lines.text.splitlines()] == [ids["c9b"]]
+    assert unsigned.status_code in (303, 401, 403)

@@ -60,12 +60,13 @@ async def export_lines(
         raise
 
 
-async def export_response(
-    engine: AsyncEngine, filters: MessageFilter, limit: int | None
-) -> StreamingResponse:
-    """The export as an HTTP answer (the admin route's and the console's)."""
+async def export_response(engine: AsyncEngine, query: ExportQuery) -> StreamingResponse:
+    """The export as an HTTP answer (the admin route's and the console's); a refused search is
+    a `ProblemError` (422), raised before the answer starts."""
+    with store_errors():
+        filters = to_filter(query, list(query.status))
     return StreamingResponse(
-        await started_export(engine, filters, limit),
+        await started_export(engine, filters, query.limit),
         media_type=MEDIA_TYPE,
         # Not buffered by a proxy (nginx honours this header), nor kept by any cache.
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -113,6 +114,4 @@ async def export_messages(
     stream reaches it, so a message whose status changes meanwhile may be left out by a
     status filter; messages received after the export started are never in it.
     """
-    with store_errors():
-        filters = to_filter(query, list(query.status))
-    return await export_response(state.engine, filters, query.limit)
+    return await export_response(state.engine, query)

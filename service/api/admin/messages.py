@@ -127,7 +127,8 @@ async def page(
 @router.get("/messages", response_model=MessagePage, responses=problem_responses(400))
 async def list_messages(state: StateDep, query: Annotated[MessageQuery, Query()]) -> MessagePage:
     """List messages, newest first, filtered and paged by cursor."""
-    filters = to_filter(query, list(query.status))
+    with store_errors():  # a search's conditions and headers, over their bound together
+        filters = to_filter(query, list(query.status))
     return await page(state, "messages", filters, query.limit, query.cursor)
 
 
@@ -136,7 +137,8 @@ async def list_dead_letters(
     state: StateDep, query: Annotated[DeadLetterQuery, Query()]
 ) -> MessagePage:
     """List dead messages (attempts exhausted or failed permanently), newest first."""
-    filters = to_filter(query, [Status.DEAD])
+    with store_errors():
+        filters = to_filter(query, [Status.DEAD])
     return await page(state, "dead-letters", filters, query.limit, query.cursor)
 
 
