@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import os
 import re
 import socket
 import sys
@@ -185,7 +186,13 @@ async def export_messages(args: argparse.Namespace) -> Exit:
     async with operator_engine() as engine:
         lines = await acting(started_export(engine, filters, query.limit))
         if args.output is None:
-            exported = await write_lines(lines, lambda line: sys.stdout.write(line.decode()))
+            try:
+                exported = await write_lines(lines, lambda line: sys.stdout.write(line.decode()))
+            except BrokenPipeError:
+                # The reader has had enough (`| head`): stop as a shell's tools do, quietly,
+                # with nothing left for Python to flush into the closed pipe at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return Exit.OK
             where = ""
         else:
             exported = await export_to_file(lines, Path(args.output))

@@ -206,3 +206,35 @@ async def test_the_console_searches_keeps_the_search_and_exports_it(
     assert lines.headers["content-type"] == "application/x-ndjson"
     assert [json.loads(line)["id"] for line in lines.text.splitlines()] == [ids["c9b"]]
     assert unsigned.status_code in (303, 401, 403)
+
+
+async def test_an_export_failing_after_it_started_leaves_no_file_that_looks_whole(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A later page's search cut short (its first page was fine) stops the command with
+    status 1 and how far it got; `--output` is not written, nor one there before changed."""
+    await db.execute(
+        """
+        INSERT INTO inbox_messages (source, message_id, body, content_type)
+        SELECT 'hooks', 'bulk-' || g, convert_to('{"n": 1}', 'UTF8'), 'application/json'
+          FROM generate_series(1, 300) g
+        """
+    )
+    list_messages = store.list_messages
+    calls = 0
+
+    async def second_page_too_broad(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise search.SearchTooBroad("the search ran past 5 s and was stopped: narrow it")
+        return await list_messages(*args, **kwargs)
+
+    monkeypatch.setattr(store, "list_messages", second_page_too_broad)
+    output = tmp_path / "all.jsonl"
+    output.write_text("an earlier export\n")
+    ran = await cli(monkeypatch, database_url, "messages", "export", "--output", str(output))
+    assert ran.status == 1, ran.err
+    assert "export stopped after 250 messages: the search ran past 5 s" in ran.err
+    assert output.read_text() == "an earlier export\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.jsonl"]
