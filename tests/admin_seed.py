@@ -14,6 +14,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 # Every admin route, with 1 standing for a message id and abcdef0123456789 for a fingerprint.
 ADMIN_ROUTES = [
     ("GET", "/admin/messages"),
+    ("GET", "/admin/messages/export"),
     ("GET", "/admin/messages/1"),
     ("POST", "/admin/messages/1/retry"),
     ("POST", "/admin/messages/retry"),

@@ -12,11 +12,14 @@ import argparse
 import asyncio
 import getpass
 import json
+import os
 import re
 import socket
-from collections.abc import Coroutine
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import asdict
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -29,6 +32,7 @@ from service.api.admin.bulk_actions import (
     stored_request,
 )
 from service.api.admin.destinations import collect_destination_stats, configured_of, replay_filter
+from service.api.admin.export import started_export
 from service.api.admin.issues import DECISIONS, issue_detail
 from service.api.admin.messages import detail_from_row, to_filter
 from service.api.admin.models import (
@@ -43,6 +47,7 @@ from service.api.admin.models import (
     DeadLetterGroups,
     DeadLetterQuery,
     DestinationReplayRequest,
+    ExportQuery,
     IssueAction,
     IssueDetailQuery,
     IssueList,
@@ -175,6 +180,71 @@ async def list_messages(args: argparse.Namespace, listing: str) -> Exit:
     if next_cursor is not None:
         print(f"next: --cursor '{next_cursor}'")
     return Exit.OK
+
+
+# Without a terminal to redraw a count on, a progress line this often (a log, a CI job).
+PROGRESS_EVERY = 10_000
+
+
+async def export_messages(args: argparse.Namespace) -> Exit:
+    """The export's lines (`GET /admin/messages/export`'s) on stdout, or into `--output`,
+    which appears only once the export is whole; a count on stderr as it goes."""
+    values = {**filter_values(args), "status": args.status, "limit": args.limit}
+    query = validated(ExportQuery, values)
+    try:
+        filters = to_filter(query, list(query.status))
+    except SearchError as exc:
+        raise CommandError(str(exc), Exit.USAGE) from None
+    async with operator_engine() as engine:
+        lines = await acting(started_export(engine, filters, query.limit))
+        if args.output is None:
+            try:
+                exported = await write_lines(lines, lambda line: sys.stdout.write(line.decode()))
+            except BrokenPipeError:
+                # The reader has had enough (`| head`): stop as a shell's tools do, quietly,
+                # with nothing left for Python to flush into the closed pipe at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return Exit.OK
+            where = ""
+        else:
+            exported = await export_to_file(lines, Path(args.output))
+            where = f" to {args.output}"
+    print(f"{exported} messages exported{where}", file=sys.stderr)
+    return Exit.OK
+
+
+async def export_to_file(lines: AsyncIterator[bytes], path: Path) -> int:
+    """`lines` written beside `path`, then renamed to it: a failed export leaves no file
+    that looks whole (nor changes one that was there)."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with partial.open("wb") as file:
+            exported = await write_lines(lines, file.write)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return exported
+
+
+async def write_lines(lines: AsyncIterator[bytes], write: Callable[[bytes], Any]) -> int:
+    """Write each line; count them on stderr, redrawn on a terminal, else a line now and then."""
+    redraw = sys.stderr.isatty()
+    exported = 0
+    try:
+        async for line in lines:
+            write(line)
+            exported += 1
+            if redraw and exported % 100 == 0:
+                print(f"\r{exported} messages exported", end="", file=sys.stderr, flush=True)
+            elif exported % PROGRESS_EVERY == 0:
+                print(f"{exported} messages exported", file=sys.stderr, flush=True)
+    except (SearchError, SearchTooBroad) as exc:
+        raise CommandError(
+            f"export stopped after {exported} messages: {exc}", Exit.FAILED
+        ) from None
+    if redraw:
+        print("\r", end="", file=sys.stderr)
+    return exported
 
 
 async def show_message(args: argparse.Namespace) -> Exit:

@@ -50,6 +50,27 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_paging(listing)
     listing.set_defaults(run=run("list_messages", "messages"))
 
+    export = subcommand(
+        actions,
+        "export",
+        help="every message matching the filters, with its body, as JSON lines",
+        description="Write every message matching the filters, newest first, with its headers "
+        "and body, one JSON document a line: the lines of GET /admin/messages/export "
+        "(docs/search.md#exporting). A count goes to stderr as it runs.",
+        epilog=FILTERS_HELP,
+    )
+    add_filters(export, statuses=True)
+    export.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write to FILE (which appears only once the export is whole) instead of stdout",
+    )
+    export.add_argument(
+        "--limit", type=int, metavar="N", help="at most N messages, the newest (default: all)"
+    )
+    export.set_defaults(run=run("export_messages"))
+
     show = subcommand(
         actions,
         "show",

@@ -213,14 +213,25 @@ def where_sql(clauses: Sequence[str]) -> str:
     return " AND ".join(clauses) if clauses else "TRUE"
 
 
+# What a row adds to its summary when it is read with its delivery (an export's lines).
+DELIVERY_COLUMNS = "headers, body, content_type"
+
+
 async def list_messages(
-    engine: AsyncEngine, filters: MessageFilter, limit: int, after: Position | None
+    engine: AsyncEngine,
+    filters: MessageFilter,
+    limit: int,
+    after: Position | None,
+    *,
+    delivery: bool = False,
 ) -> tuple[list[dict[str, Any]], Position | None]:
-    """One page, newest first, and the position to continue after (None on the last page).
+    """One page, newest first, and the position to continue after (None on the last page);
+    with `delivery`, each row's headers, body and content type too.
 
     Keyset paging on `(received_at, id)`: a page starts strictly after the previous page's
     last row, so rows arriving meanwhile (always newer) never shift or repeat later pages.
     """
+    columns = f"{SUMMARY_COLUMNS}, {DELIVERY_COLUMNS}" if delivery else SUMMARY_COLUMNS
     clauses, params = filters.where()
     if after is not None:
         clauses.append("(received_at, id) < (:after_received_at, :after_id)")
@@ -230,11 +241,10 @@ async def list_messages(
     async with translate_errors():
         if filters.search is None:
             async with engine.connect() as conn:
-                rows = [
-                    dict(r) for r in (await conn.execute(newest_first(where), params)).mappings()
-                ]
+                found = await conn.execute(newest_first(where, columns), params)
+                rows = [dict(r) for r in found.mappings()]
         else:
-            rows = await searched_page(engine, filters.search, where, params)
+            rows = await searched_page(engine, filters.search, where, params, columns)
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]
@@ -242,10 +252,10 @@ async def list_messages(
     return rows, Position(last["received_at"], last["id"])
 
 
-def newest_first(where: str, *, among: str = "TRUE") -> TextClause:
-    """A page of the messages `where` matches (among `among`), newest first."""
+def newest_first(where: str, columns: str, *, among: str = "TRUE") -> TextClause:
+    """A page of `columns` of the messages `where` matches (among `among`), newest first."""
     return text(
-        f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {among} AND {where} "  # noqa: S608 - fixed clauses, bound values
+        f"SELECT {columns} FROM inbox_messages WHERE {among} AND {where} "  # noqa: S608 - fixed clauses, bound values
         "ORDER BY received_at DESC, id DESC LIMIT :limit"
     )
 
@@ -260,7 +270,7 @@ FEW_MATCHES_MS = 500
 
 
 async def searched_page(
-    engine: AsyncEngine, search: Search, where: str, params: dict[str, Any]
+    engine: AsyncEngine, search: Search, where: str, params: dict[str, Any], columns: str
 ) -> list[dict[str, Any]]:
     """A page of a search (`where`, with `search` among its clauses), newest first, read the
     way that suits how many it matches, which the planner cannot tell (see BOUND_SEARCH): up to
@@ -271,11 +281,43 @@ async def searched_page(
         async with engine.connect() as conn, bounded(conn, search, timeout_ms=FEW_MATCHES_MS):
             ids = [int(r.id) for r in await conn.execute(matched, params)]
             if len(ids) < FEW_MATCHES:
-                page = newest_first(where, among="id = ANY(:ids)")
+                page = newest_first(where, columns, among="id = ANY(:ids)")
                 found = await conn.execute(page, {**params, "ids": ids})
                 return [dict(r) for r in found.mappings()]
     async with engine.connect() as conn, bounded(conn, search, walk=True):
-        return [dict(r) for r in (await conn.execute(newest_first(where), params)).mappings()]
+        return [
+            dict(r) for r in (await conn.execute(newest_first(where, columns), params)).mappings()
+        ]
+
+
+# An export's page: few enough rows that a page of bodies is about a megabyte at a few KB a
+# body (250 MiB at worst, every body at the default 1 MiB ingest limit), many enough that a
+# million matches take 4,000 statements.
+EXPORT_PAGE_SIZE = 250
+
+
+async def matching_pages(
+    engine: AsyncEngine,
+    filters: MessageFilter,
+    *,
+    limit: int | None = None,
+    page_size: int = EXPORT_PAGE_SIZE,
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Every message matching `filters` (the newest `limit` of them), newest first, with its
+    delivery, one `list_messages` page at a time: what an export streams. Each page is its
+    own statement (bounded in time by a search) on a connection held only for it, so memory,
+    a statement's time and a connection's hold stay those of one page however many match.
+    The first page is yielded even when empty, so that reading it checks the search."""
+    after: Position | None = None
+    left = limit
+    while True:
+        size = page_size if left is None else min(page_size, left)
+        rows, after = await list_messages(engine, filters, size, after, delivery=True)
+        yield rows
+        if left is not None:
+            left -= len(rows)
+        if after is None or left == 0:
+            return
 
 
 GET_MESSAGE = text(

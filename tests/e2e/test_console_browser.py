@@ -697,3 +697,58 @@ async def test_an_open_issue_is_found_on_the_overview_then_resolved_and_retried(
     await page.reload()
     await expect(page.locator("table.messages .status-processed")).to_have_count(2)
     assert await console.status("evt_negative") == "dead"  # the other issue's message
+
+
+async def test_a_search_finds_exactly_its_rows_says_what_is_wrong_and_exports_them(
+    console: Console, page: Page
+) -> None:
+    """Issue 67: free text and a payload condition find exactly their messages, keep their
+    values across pages, a bad condition is answered with the API's words on the page, and the
+    export link downloads the lines of what the page shows."""
+    console.billing_down(False)
+    await console.deliver("evt_s1", amount=100)
+    await console.deliver("evt_s2", amount=200)
+    await console.deliver("evt_s3", amount=100, kind="invoice.created")
+    await sign_in(page, console, "/console/messages")
+    await page.get_by_label("Search").fill("evt_s2")
+    await page.get_by_label("Search").press("Enter")
+    await expect(page).to_have_url(console.url + "/console/messages?q=evt_s2")
+    rows = page.locator("table.messages tbody tr")
+    await expect(rows).to_have_count(1)
+    await expect(rows).to_contain_text("evt_s2")
+    await expect(page.get_by_label("Search")).to_have_value("evt_s2")
+
+    await page.get_by_label("Search").fill("")
+    await page.get_by_text("Advanced search").click()
+    await page.get_by_label("Condition 1").fill("data.amount=100")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(rows).to_have_count(2)
+    await expect(rows.nth(0)).to_contain_text("evt_s3")
+    await expect(rows.nth(1)).to_contain_text("evt_s1")
+    # The condition stays in its field (the disclosure open), with an empty one for the next.
+    await expect(page.get_by_label("Condition 1")).to_have_value("data.amount=100")
+    await expect(page.get_by_label("Condition 2")).to_have_value("")
+
+    async with httpx.AsyncClient(base_url=console.url) as client:
+        refused = await client.get(
+            "/admin/messages", params={"where": "data..amount=1"}, headers=AUTH
+        )
+    assert refused.status_code == 422
+    words = refused.json()["detail"].split(": ", 1)[1]
+    await page.get_by_label("Condition 2").fill("data..amount=1")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page.get_by_role("alert")).to_contain_text(words)
+    await expect(rows).to_have_count(0)
+    await expect(page.get_by_label("Condition 2")).to_have_value("data..amount=1")
+
+    await page.get_by_label("Condition 2").fill("")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(rows).to_have_count(2)
+    async with page.expect_download() as downloading:
+        await page.get_by_role("link", name="Export JSON lines").click()
+    download = await downloading.value
+    assert download.suggested_filename == "messages.jsonl"
+    lines = Path(await download.path()).read_text().splitlines()
+    exported = [json.loads(line) for line in lines]
+    assert [m["message_id"] for m in exported] == ["evt_s3", "evt_s1"]
+    assert all(m["payload"]["data"]["amount"] == 100 for m in exported)

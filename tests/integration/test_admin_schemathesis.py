@@ -78,7 +78,7 @@ def test_admin_api_conforms_to_its_schema(admin_api: Any, mode: GenerationMode) 
     # (it waits for the whole answer): tests/integration/test_tail.py covers it.
     admin = admin_api.include(path_regex="^/admin/").exclude(path="/admin/tail")
     operations = [result.ok() for result in admin.get_all_operations()]
-    assert len(operations) == 31
+    assert len(operations) == 32
     for operation in operations:
 
         @given(case=operation.as_strategy(mode))

@@ -200,6 +200,7 @@ HOSTILE: list[dict[str, Any]] = [
     {"where": "data.customer in "},
     {"where": "x" * 1001},
     {"where": ["a=1"] * 21},
+    {"where": ["a=1"] * 11, "header": ["x-a: 1"] * 10},
     {"where": ".".join(["k"] * 40) + "=1"},
     {"q": "\x00"},
     {"q": "   "},

@@ -8,6 +8,7 @@ from service.api.admin import (
     bulk_actions,
     consumers,
     destinations,
+    export,
     issues,
     messages,
     operations,
@@ -24,8 +25,9 @@ router = APIRouter(
     dependencies=[Depends(require_admin)],
     responses=problem_responses(400, 401, 422, 503),
 )
-# Before the messages' routes: `/messages/actions` is not a message id.
+# Before the messages' routes: `/messages/actions` and `/messages/export` are not message ids.
 router.include_router(bulk_actions.router)
+router.include_router(export.router)
 router.include_router(messages.router)
 router.include_router(operations.router)
 router.include_router(destinations.router)

@@ -22,6 +22,7 @@ from service.api.admin.models import (
     DeadLetterGroups,
     DeadLetterQuery,
     DestinationState,
+    MessageDelivery,
     MessageDetail,
     MessageFilters,
     MessagePage,
@@ -126,7 +127,8 @@ async def page(
 @router.get("/messages", response_model=MessagePage, responses=problem_responses(400))
 async def list_messages(state: StateDep, query: Annotated[MessageQuery, Query()]) -> MessagePage:
     """List messages, newest first, filtered and paged by cursor."""
-    filters = to_filter(query, list(query.status))
+    with store_errors():  # a search's conditions and headers, over their bound together
+        filters = to_filter(query, list(query.status))
     return await page(state, "messages", filters, query.limit, query.cursor)
 
 
@@ -135,7 +137,8 @@ async def list_dead_letters(
     state: StateDep, query: Annotated[DeadLetterQuery, Query()]
 ) -> MessagePage:
     """List dead messages (attempts exhausted or failed permanently), newest first."""
-    filters = to_filter(query, [Status.DEAD])
+    with store_errors():
+        filters = to_filter(query, [Status.DEAD])
     return await page(state, "dead-letters", filters, query.limit, query.cursor)
 
 
@@ -204,19 +207,32 @@ async def get_message(state: StateDep, id: MessageIdPath) -> MessageDetail:
     return detail_from_row(row)
 
 
-def detail_from_row(row: Mapping[str, Any]) -> MessageDetail:
-    """The detail document of a `store.get_message` row (the command line shows it too)."""
+def delivery_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's summary and delivery fields as the documents name them: its headers (redacted
+    at ingest) parsed, its body as `payload` or `body_base64` (`decode_body`)."""
     headers = row["headers"]
     if isinstance(headers, str):
         headers = json.loads(headers)
     payload, body_base64 = decode_body(bytes(row["body"]), row["content_type"])
+    return {
+        **row,
+        "attempt_count": row["attempts"],
+        "headers": headers,
+        "payload": payload,
+        "body_base64": body_base64,
+    }
+
+
+def delivery_from_row(row: Mapping[str, Any]) -> MessageDelivery:
+    """An export's document of a `store.matching_pages` row."""
+    return MessageDelivery.model_validate(delivery_fields(row))
+
+
+def detail_from_row(row: Mapping[str, Any]) -> MessageDetail:
+    """The detail document of a `store.get_message` row (the command line shows it too)."""
     return MessageDetail.model_validate(
         {
-            **row,
-            "attempt_count": row["attempts"],
-            "headers": headers,
-            "payload": payload,
-            "body_base64": body_base64,
+            **delivery_fields(row),
             "attempts": row["attempt_history"],
             "destinations": [DestinationState.from_row(d) for d in row["destinations"]],
             "trace_id": trace_id_of(row["trace_context"]),

@@ -181,6 +181,14 @@ class MessageFilters(EventFilters):
         examples=[["X-Shopify-Shop-Domain: acme.myshopify.com"]],
     )
 
+    @model_validator(mode="after")
+    def _conditions_bounded(self) -> MessageFilters:
+        if len(self.where) + len(self.header) > MAX_CONDITIONS:
+            raise ValueError(
+                f"a search has at most {MAX_CONDITIONS} conditions and headers together"
+            )
+        return self
+
 
 class PageQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -198,12 +206,28 @@ class DeadLetterQuery(MessageFilters, PageQuery):
     """Query parameters of `GET /admin/dead-letters`."""
 
 
-class MessageQuery(MessageFilters, PageQuery):
-    """Query parameters of `GET /admin/messages`."""
+class StatusFilters(MessageFilters):
+    """The filters of `GET /admin/messages`, statuses among them, which its export takes too."""
 
     status: list[Status] = Field(
         default_factory=list,
         description="Only messages in one of these statuses; repeat the parameter for several.",
+    )
+
+
+class MessageQuery(StatusFilters, PageQuery):
+    """Query parameters of `GET /admin/messages`."""
+
+
+class ExportQuery(StatusFilters):
+    """Query parameters of `GET /admin/messages/export`: the listing's filters, no pages."""
+
+    limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ID,
+        description="Export at most this many messages (the newest that match); none: every "
+        "one that matches.",
     )
 
 
@@ -346,8 +370,9 @@ class DestinationState(BaseModel):
         return attempts_text(self.attempt_count, self.attempt_count_total)
 
 
-class MessageDetail(MessageSummary):
-    """A message with its delivery and its whole history."""
+class MessageDelivery(MessageSummary):
+    """A message with what was delivered: its summary, content type, headers and body. One line
+    of an export (`GET /admin/messages/export`); a message's detail adds its history."""
 
     content_type: str | None = Field(description="The delivery's content type.")
     headers: dict[str, str] = Field(
@@ -363,6 +388,11 @@ class MessageDetail(MessageSummary):
     body_base64: str | None = Field(
         default=None, description="The raw body in base64, when it is not JSON."
     )
+
+
+class MessageDetail(MessageDelivery):
+    """A message with its delivery and its whole history."""
+
     attempts: list[Attempt] = Field(description="Attempts and admin actions, oldest first.")
     destinations: list[DestinationState] = Field(
         default_factory=list,

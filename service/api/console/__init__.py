@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
 
-from service.api.console import actions, bulk, issues, live, outbox, pages, rejected, signin
+from service.api.console import (
+    actions,
+    bulk,
+    export,
+    issues,
+    live,
+    outbox,
+    pages,
+    rejected,
+    signin,
+)
 from service.api.console.access import (
     ConsoleError,
     SignInRequired,
@@ -16,6 +26,8 @@ from service.api.console.headers import ConsoleHeaders
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 router.include_router(signin.router)
+# Before pages: its `/messages/{message}` would take `export` for a message.
+router.include_router(export.router)
 router.include_router(pages.router)
 router.include_router(actions.router)
 router.include_router(bulk.router)

@@ -186,7 +186,7 @@ async def messages(request: Request, state: StateDep, operator: OperatorDep) -> 
     if query is not None:
         try:
             listing = await messages_api.list_messages(state, query)
-        except ProblemError as exc:  # an altered or stale cursor
+        except ProblemError as exc:  # an altered or stale cursor, a search refused or too broad
             problems = [exc.detail]
     filters = [(k, v) for k, v in items if k in FILTER_KEYS]
     return operator.page(
@@ -196,8 +196,16 @@ async def messages(request: Request, state: StateDep, operator: OperatorDep) -> 
         **await listing_context(state, "/console/messages", items, filters, listing, problems),
         chosen_statuses={v for k, v in filters if k == "status"},
         statuses=store.STATUSES,
+        conditions=[v for k, v in filters if k == "where"],
+        headers=[v for k, v in filters if k == "header"],
+        advanced=any(k in ADVANCED_SEARCH_KEYS for k, _ in filters),
         bulk_url=url("/console/bulk-retry", filters),
+        export_url=url("/console/messages/export", filters),
     )
+
+
+# The search fields the messages page keeps under "Advanced search", open when one is set.
+ADVANCED_SEARCH_KEYS = frozenset({"id_prefix", "contains", "where", "header"})
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from service.api.admin.models import MessageDetail, MinuteActivity
 Model = TypeVar("Model", bound=BaseModel)
 QueryItems = Sequence[tuple[str, str]]
 
+# The search filters (docs/search.md), by the admin API's names.
+SEARCH_KEYS = ("q", "id_prefix", "contains", "where", "header")
 # The listing filters a console URL may carry (the admin API's names), then paging.
 FILTER_KEYS = (
     "source",
@@ -27,8 +29,11 @@ FILTER_KEYS = (
     "error_type",
     "received_after",
     "received_before",
+    *SEARCH_KEYS,
 )
 PAGING_KEYS = ("cursor", "limit")
+# The filters that repeat in a URL, as they do in the API's query string: a list each.
+REPEATED_KEYS = frozenset({"status", "where", "header"})
 
 
 def when(value: datetime | None) -> str:
@@ -75,13 +80,13 @@ def query_items(pairs: Sequence[tuple[str, str]], keys: Sequence[str]) -> list[t
 
 
 def parse_query(model: type[Model], items: QueryItems) -> tuple[Model | None, list[str]]:
-    """`items` as `model` (repeated `status` keys make a list), or None and what was wrong."""
+    """`items` as `model` (the REPEATED_KEYS make lists), or None and what was wrong."""
     data: dict[str, str | list[str]] = {}
     for key, value in items:
-        if key == "status":
-            statuses = data.setdefault("status", [])
-            assert isinstance(statuses, list)
-            statuses.append(value)
+        if key in REPEATED_KEYS:
+            values = data.setdefault(key, [])
+            assert isinstance(values, list)
+            values.append(value)
         else:
             data[key] = value
     try:
