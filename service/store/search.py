@@ -11,9 +11,10 @@ listings (`MessageFilter`):
 - free text: a word the message holds as a value anywhere in its payload (`$.** ? (@ == w)`)
   or as its dedup key.
 
-A search that the indexes cannot narrow (a `!=` alone, a value nearly every message holds)
-reads rows until it has a page; `SEARCH_TIMEOUT` bounds that, and a search cut short is
-refused as too broad (`SearchTooBroad`), never left running.
+Each statement of a search reads through its indexes' bitmaps, or walks newest first when
+it is known to match many (`bounded`, and `searched_page` in service/store/admin.py, which
+chooses); SEARCH_TIMEOUT_MS bounds it, and a search cut short is refused as too broad
+(`SearchTooBroad`), never left running.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ MAX_DOCUMENT_DEPTH = 32
 MAX_DOCUMENT_CHARS = 10_000
 
 Operator = Literal["=", "!=", "in", "exists"]
-OPERATORS: tuple[Operator, ...] = ("=", "!=", "in", "exists")
 
 
 class SearchError(ValueError):
