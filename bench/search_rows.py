@@ -7,10 +7,12 @@ provider sends them, stored headers of about 450 bytes (lowercase names, signatu
 as ingest stores them), 10,000 customers (g % 10,000); 1 % dead after 5 attempts (g % 100 = 0),
 the rest processed at their first; one attempt row each.
 
-Received times: one message every 2.592 s (30 days a million), the 10,000,000th at the anchor
-(`$3`, the first fill's start). Rows are newest last at every size and never after the first
-fill, whatever the order of the fills (1 M, then 3 M, then 10 M writes the same rows as 10 M
-at once); a smaller inbox is older: 1 M spans 300 to 270 days before the anchor. A query over
+Received times: one message every 259.2 ms, so that the 10 M inbox spans the 30 days issue 67
+asks for (a day is 333,333 messages, as in ../shared/research/scale-10m.md), the 10,000,000th
+at the anchor (`$3`, the first fill's start). Rows are newest last at every size and never
+after the first fill, whatever the order of the fills (1 M, then 3 M, then 10 M writes the
+same rows as 10 M at once); a smaller inbox spans less and is older: 1 M spans 30 to 27 days
+before the anchor. A query over
 "the last day" should count back from the inbox's newest `received_at`, not from now().
 Ids follow g, with a gap where a batch was rolled back (the identity does not go back).
 """
@@ -23,7 +25,7 @@ from service.processing.fingerprints import fingerprint
 
 SOURCES = ("stripe", "github", "shopify")
 CUSTOMERS = 10_000
-PACE_MS = 2_592  # 30 days / 1,000,000
+PACE_US = 259_200  # 30 days / 10,000,000
 ANCHORED_ROW = 10_000_000
 ACTOR = "worker:bench-search:1"
 # A dead message's last failure, by (g / 100) % 3, with its `error`.
@@ -55,7 +57,7 @@ def fingerprints() -> dict[str, str]:
 INSERT_MESSAGES = f"""
 WITH series AS (
     SELECT g, g % {CUSTOMERS} AS c, (g / 3) % 8 AS k, g % 100 = 0 AS dead,
-           $3::timestamptz - ({ANCHORED_ROW} - g) * interval '{PACE_MS} milliseconds' AS at,
+           $3::timestamptz - ({ANCHORED_ROW} - g) * interval '{PACE_US} microseconds' AS at,
            md5('delivery' || g) AS d, md5('commit' || g) AS sha
       FROM generate_series($1::bigint, $2::bigint) AS g
 ), shaped AS (
