@@ -68,6 +68,7 @@ from service.core.settings import Settings
 from service.store import admin as store
 from service.store import destinations, flow, issues
 from service.store.admin import MessageFilter, Position
+from service.store.search import SearchError, SearchTooBroad
 
 
 def run(command: Coroutine[Any, Any, Exit]) -> Exit:
@@ -111,6 +112,11 @@ def filter_values(args: argparse.Namespace) -> dict[str, Any]:
         "error_type": args.error_type,
         "ordering_key": args.ordering_key,
         "held": args.held,
+        "q": args.search,
+        "id_prefix": args.id_prefix,
+        "where": args.where,
+        "contains": args.contains,
+        "header": args.header,
     }
 
 
@@ -130,7 +136,7 @@ async def list_dead_letters(args: argparse.Namespace) -> Exit:
         raise CommandError("--groups has no pages: drop --cursor", Exit.USAGE)
     filters, _ = query_filters(args, "dead-letters")
     async with operator_engine() as engine:
-        groups = await store.dead_letter_groups(engine, filters)
+        groups = await acting(store.dead_letter_groups(engine, filters))
     document = DeadLetterGroups(groups=[DeadLetterGroup.model_validate(asdict(g)) for g in groups])
     if args.json:
         print_json(document)
@@ -145,7 +151,7 @@ async def list_messages(args: argparse.Namespace, listing: str) -> Exit:
     filters, limit = query_filters(args, listing)
     after = decode_position(args.cursor) if args.cursor else None
     async with operator_engine() as engine:
-        rows, last = await store.list_messages(engine, filters, limit, after)
+        rows, last = await acting(store.list_messages(engine, filters, limit, after))
     items = [MessageSummary.from_row(r) for r in rows]
     next_cursor = None if last is None else encode_position(last)
     if args.json:
@@ -190,6 +196,8 @@ async def acting(action: Coroutine[Any, Any, Any]) -> Any:
         raise CommandError(detail, Exit.FAILED) from None
     except destinations.UnknownDestination as exc:
         raise CommandError(exc.detail, Exit.FAILED) from None
+    except (SearchError, SearchTooBroad) as exc:
+        raise CommandError(str(exc), Exit.FAILED) from None
 
 
 async def apply_change(
@@ -266,12 +274,14 @@ async def show_stats(args: argparse.Namespace) -> Exit:
 async def bulk_retry(args: argparse.Namespace) -> Exit:
     request = bulk_request(BulkRetryRequest, args, **filter_values(args), force=args.force)
     async with operator_engine() as engine:
-        result = await store.bulk_retry(
-            engine,
-            to_filter(request, list(request.status)),
-            actor(),
-            force=request.force,
-            dry_run=request.dry_run,
+        result = await acting(
+            store.bulk_retry(
+                engine,
+                to_filter(request, list(request.status)),
+                actor(),
+                force=request.force,
+                dry_run=request.dry_run,
+            )
         )
     print_bulk(args, result, again="retry them", done="retried")
     return Exit.OK

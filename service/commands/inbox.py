@@ -396,6 +396,37 @@ def add_filters(parser: argparse.ArgumentParser, *, statuses: bool) -> None:
         default=None,
         help="only messages held behind an earlier unfinished message of their ordering key",
     )
+    add_search(parser)
+
+
+def add_search(parser: argparse.ArgumentParser) -> None:
+    """The search filters: what a message holds (docs/search.md)."""
+    group = parser.add_argument_group("search (what a message holds; docs/search.md)")
+    group.add_argument(
+        "-q",
+        "--search",
+        metavar="TEXT",
+        help="a value anywhere in the JSON payload, or the dedup key (ch_3QH…, cus_9)",
+    )
+    group.add_argument("--id-prefix", metavar="PREFIX", help="dedup keys starting with PREFIX")
+    group.add_argument(
+        "--where",
+        metavar="COND",
+        action="append",
+        default=[],
+        help="PATH=VALUE, PATH!=VALUE, 'PATH in A,B' or 'PATH exists' on the payload "
+        "(data.object.customer=cus_9); repeat for several",
+    )
+    group.add_argument(
+        "--contains", metavar="JSON", help="the payload contains this JSON document (as @>)"
+    )
+    group.add_argument(
+        "--header",
+        metavar="'NAME: VALUE'",
+        action="append",
+        default=[],
+        help="delivered with this header value; repeat for several",
+    )
 
 
 def add_paging(parser: argparse.ArgumentParser) -> None:

@@ -143,6 +143,20 @@ class MessageRecord(InboxTable, table=True):
                 f"ordering_key IS NOT NULL AND status NOT IN ({sql_list(SETTLED)})"
             ),
         ),
+        # Search (0025, service/store/search.py): the payload's keys and values, the stored
+        # headers' values, and the dedup key's prefix in byte order.
+        Index("inbox_messages_payload_idx", text("inbox_payload(body)"), postgresql_using="gin"),
+        Index(
+            "inbox_messages_headers_idx",
+            "headers",
+            postgresql_using="gin",
+            postgresql_ops={"headers": "jsonb_path_ops"},
+        ),
+        Index(
+            "inbox_messages_message_id_prefix_idx",
+            "message_id",
+            postgresql_ops={"message_id": "text_pattern_ops"},
+        ),
     )
 
     id: int | None = _identity_key()
@@ -551,6 +565,16 @@ DESTINATIONS_FOLLOW_MESSAGES = (
     "FOR EACH STATEMENT EXECUTE FUNCTION inbox_destinations_follow_truncated()",
 )
 
+# The body as jsonb for the search index, NULL when it is not UTF-8 JSON or is over 256 KiB
+# (0025, which says why it is written so).
+PAYLOAD_FUNCTION = (
+    "CREATE OR REPLACE FUNCTION inbox_payload(body bytea) RETURNS jsonb "
+    "LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL UNSAFE AS "
+    "$$BEGIN IF octet_length(body) > 262144 THEN RETURN NULL; END IF; "
+    "RETURN convert_from(body, 'UTF8')::jsonb; "
+    "EXCEPTION WHEN OTHERS THEN RETURN NULL; END$$"
+)
+
 metadata = InboxTable.metadata
 
 
@@ -570,3 +594,11 @@ def _follow_messages(target: Table, connection: Connection, **kw: Any) -> None:
 
 for _name in FOLLOW_MESSAGES:
     event.listen(metadata.tables[_name], "after_create", _follow_messages)
+
+
+def _payload_function(target: Table, connection: Connection, **kw: Any) -> None:
+    connection.exec_driver_sql(PAYLOAD_FUNCTION)
+
+
+# Before the table, whose payload index calls it.
+event.listen(metadata.tables["inbox_messages"], "before_create", _payload_function)

@@ -15,6 +15,7 @@ from service.core.schema import DUE, SETTLED, Status, sql_list
 from service.store.claims import CLAIMED_IDS, SHOWN_ATTEMPTS, SHOWN_STATUS
 from service.store.errors import is_lock_timeout, translate_errors
 from service.store.notifications import NOTIFY
+from service.store.search import Search, bounded
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class MessageFilter:
     ordering_key: str | None = None
     held: bool | None = None  # True: only those held behind another (HELD_BEHIND); False: none
     fingerprint: str | None = None  # of the message's latest failed attempt: its issue's
+    search: Search | None = None  # what the message holds (service.store.search)
 
     def where(self) -> tuple[list[str], dict[str, Any]]:
         """SQL conditions (fixed text, values bound) and their parameters."""
@@ -194,6 +196,10 @@ class MessageFilter:
             clauses += [KEYED_UNSETTLED, f"({HELD_BEHIND}) IS NOT NULL"]
         elif self.held is not None:
             clauses.append(f"({HELD_BEHIND}) IS NULL")
+        if self.search is not None:
+            searched, bound = self.search.where()
+            clauses += searched
+            params |= bound
         return clauses, params
 
 
@@ -218,7 +224,7 @@ async def list_messages(
         f"SELECT {SUMMARY_COLUMNS} FROM inbox_messages WHERE {where_sql(clauses)} "  # noqa: S608 - fixed clauses, bound values
         "ORDER BY received_at DESC, id DESC LIMIT :limit"
     )
-    async with translate_errors(), engine.connect() as conn:
+    async with translate_errors(), engine.connect() as conn, bounded(conn, filters.search):
         rows = [dict(r._mapping) for r in await conn.execute(query, params)]
     if len(rows) <= limit:
         return rows, None
@@ -430,12 +436,13 @@ def bulk_statuses(filters: MessageFilter, force: bool) -> list[str]:
 
 
 async def count_matching(
-    engine: AsyncEngine, where: str, params: dict[str, Any]
+    engine: AsyncEngine, where: str, params: dict[str, Any], search: Search | None = None
 ) -> tuple[int, int | None]:
     """How many messages `where` (fixed clauses, bound `params`) matches, and the highest id
-    of them: what a bulk action's walk goes up to (`in_batches`)."""
+    of them: what a bulk action's walk goes up to (`in_batches`). With the `search` among
+    them, the count is bounded in time (`bounded`)."""
     count_sql = text(f"SELECT count(*), max(id) FROM inbox_messages WHERE {where}")  # noqa: S608
-    async with engine.connect() as conn:
+    async with engine.connect() as conn, bounded(conn, search):
         counted = (await conn.execute(count_sql, params)).one()
     return int(counted[0]), counted[1]
 
@@ -446,6 +453,7 @@ async def in_batches(
     params: dict[str, Any],
     last_id: int,
     batch_size: int,
+    search: Search | None = None,
 ) -> AsyncIterator[Row[Any]]:
     """Run `batch_sql` (which picks up to `:batch` ids above `:after` and up to `:last_id`,
     and answers `last`, `n` and `sources`) one committed transaction per batch, waking the
@@ -454,7 +462,7 @@ async def in_batches(
     worker finishes again meanwhile is not picked a second time."""
     after = 0
     while True:
-        async with engine.begin() as conn:
+        async with engine.begin() as conn, bounded(conn, search):
             batch = (
                 await conn.execute(
                     batch_sql, {**params, "after": after, "last_id": last_id, "batch": batch_size}
@@ -480,6 +488,7 @@ async def move_matching_to_pending(
     answer: str,
     dry_run: bool,
     batch_size: int,
+    search: Search | None = None,
 ) -> tuple[int, list[Row[Any]]]:
     """Move every message `where` matches back to pending with a fresh attempt budget, one
     short committed transaction per batch of ids (`in_batches`): how many matched, and each
@@ -489,7 +498,7 @@ async def move_matching_to_pending(
     `picked` adds; `then` is the batch's further CTEs, comma-separated as after WITH: what the
     action does besides moving the message."""
     async with translate_errors():
-        matched, last_id = await count_matching(engine, where, params)
+        matched, last_id = await count_matching(engine, where, params, search)
         if dry_run or last_id is None:
             return matched, []
         batch_sql = text(
@@ -515,7 +524,9 @@ async def move_matching_to_pending(
               FROM picked
             """  # noqa: S608 - fixed clauses, bound values
         )
-        batches = [b async for b in in_batches(engine, batch_sql, params, last_id, batch_size)]
+        batches = [
+            b async for b in in_batches(engine, batch_sql, params, last_id, batch_size, search)
+        ]
     return matched, batches
 
 
@@ -564,6 +575,7 @@ async def bulk_retry(
         answer=", count(*) FILTER (WHERE old_status = 'processed') AS replays",
         dry_run=dry_run,
         batch_size=batch_size,
+        search=filters.search,
     )
     for batch in batches:
         result.retried += int(batch.n)
@@ -737,7 +749,7 @@ async def dead_letter_groups(engine: AsyncEngine, filters: MessageFilter) -> lis
          ORDER BY n DESC, error_type NULLS LAST
         """  # noqa: S608 - fixed clauses, bound values
     )
-    async with translate_errors(), engine.connect() as conn:
+    async with translate_errors(), engine.connect() as conn, bounded(conn, filters.search):
         rows = await conn.execute(query, params)
         return [
             DeadLetterGroup(

@@ -221,6 +221,7 @@ async def replay_to_destination(
         answer="",
         dry_run=dry_run,
         batch_size=batch_size,
+        search=filters.search,
     )
     result.retried = sum(int(batch.n) for batch in batches)
     result.by_action[ADMIN_REPLAY] = result.retried

@@ -59,6 +59,17 @@ def admin_api(database_url: str, data_dir: Path, seeded: None) -> Any:
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
+SEARCH_FIELDS = ("q", "contains", "where", "header")
+
+
+def refused_search(detail: str) -> bool:
+    """Whether a 422's detail refuses only the search fields' contents."""
+    return all(
+        part.split(".", 1)[-1].split(":", 1)[0].split("[", 1)[0] in SEARCH_FIELDS
+        for part in detail.split("; ")
+    )
+
+
 # schemathesis' own pytest integration (`from_fixture(...).parametrize()`) reads a pytest
 # internal that pytest 9 removed, so each operation's strategy is driven with @given directly.
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
@@ -87,6 +98,11 @@ def test_admin_api_conforms_to_its_schema(admin_api: Any, mode: GenerationMode) 
                 if response.status_code == 400:
                     assert "cursor" in (case.query or {})
                     assert "cursor" in response.json()["detail"]
+                elif response.status_code == 422 and refused_search(response.json()["detail"]):
+                    # The search fields are JSON text and a small grammar (path=value, `Name:
+                    # value`) that a schema's string cannot spell out: a well-typed one may
+                    # still be refused, only by what it says of them.
+                    pass
                 else:
                     assert response.status_code < 400 or response.status_code in (404, 409)
 

@@ -38,6 +38,7 @@ from service.core.schema import Status
 from service.sources.base import is_json_media_type, media_type_of
 from service.store import admin as store
 from service.store.admin import MessageFilter, Position
+from service.store.search import SearchError, SearchTooBroad, build_search
 
 log = logging.getLogger("service.admin")
 
@@ -48,13 +49,16 @@ MessageIdPath = Annotated[int, Path(ge=1, le=MAX_ID, description="The inbox row 
 
 @contextmanager
 def store_errors() -> Iterator[None]:
-    """The store's refusals as problems: unknown id → 404, a disallowed transition → 409."""
+    """The store's refusals as problems: unknown id → 404, a disallowed transition → 409, a
+    search the database refused or cut short (too broad) → 422."""
     try:
         yield
     except store.MessageNotFound as exc:
         raise ProblemError(404, f"no message with id {exc.args[0]}") from None
     except store.InvalidTransition as exc:
         raise ProblemError(409, exc.detail) from None
+    except (SearchError, SearchTooBroad) as exc:
+        raise ProblemError(422, str(exc)) from None
 
 
 def to_filter(filters: MessageFilters, statuses: list[str]) -> MessageFilter:
@@ -68,6 +72,13 @@ def to_filter(filters: MessageFilters, statuses: list[str]) -> MessageFilter:
         error_type=filters.error_type,
         ordering_key=filters.ordering_key,
         held=filters.held,
+        search=build_search(
+            q=filters.q,
+            id_prefix=filters.id_prefix,
+            contains=filters.contains,
+            where=filters.where,
+            header=filters.header,
+        ),
     )
 
 
@@ -89,6 +100,8 @@ def cursor_scope(listing: str, filters: MessageFilter) -> str:
         for name, value in (("ordering_key", filters.ordering_key), ("held", filters.held))
         if value is not None
     }
+    if filters.search is not None:
+        fields["search"] = filters.search.written()
     return listing + json.dumps(fields, sort_keys=True, default=str)
 
 
@@ -102,7 +115,8 @@ async def page(
             after = decode_cursor(state.cursor_key, scope, cursor)
         except CursorError as exc:
             raise ProblemError(400, str(exc)) from None
-    rows, last = await store.list_messages(state.engine, filters, limit, after)
+    with store_errors():
+        rows, last = await store.list_messages(state.engine, filters, limit, after)
     return MessagePage(
         items=[MessageSummary.from_row(r) for r in rows],
         next_cursor=None if last is None else encode_cursor(state.cursor_key, scope, last),
@@ -130,7 +144,8 @@ async def dead_letter_groups(
     state: StateDep, query: Annotated[MessageFilters, Query()]
 ) -> DeadLetterGroups:
     """Count dead messages by the error type of their latest failed attempt."""
-    groups = await store.dead_letter_groups(state.engine, to_filter(query, ["dead"]))
+    with store_errors():
+        groups = await store.dead_letter_groups(state.engine, to_filter(query, ["dead"]))
     return DeadLetterGroups(groups=[DeadLetterGroup.model_validate(asdict(g)) for g in groups])
 
 
@@ -219,7 +234,10 @@ async def bulk_retry(
 ) -> BulkRetryResult:
     """Retry every message matching the filters, in batches; `dry_run` only counts."""
     filters = to_filter(request, list(request.status))
-    with tracing.admin_span("bulk_retry", force=request.force, dry_run=request.dry_run) as span:
+    with (
+        tracing.admin_span("bulk_retry", force=request.force, dry_run=request.dry_run) as span,
+        store_errors(),
+    ):
         result = await store.bulk_retry(
             state.engine, filters, admin.actor, force=request.force, dry_run=request.dry_run
         )

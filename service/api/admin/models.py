@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.core.schema import IssueStatus, Status
+from service.store import search
 
 MAX_ID = 2**63 - 1  # inbox ids are PostgreSQL bigints
 # JSON nested deeper than this is shown as `body_base64`: pydantic will not serialise past
@@ -48,6 +51,38 @@ def _no_character_sets(value: str) -> str:
 
 
 EventTypeGlob = Annotated[Text, AfterValidator(_no_character_sets)]
+
+
+def _document_text(value: object) -> object:
+    """A containment document given as JSON (in a request body) as its text, so that a query
+    string and a body are read alike."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """A validator keeping `value` once `parse` reads it (a `SearchError` is a ValueError)."""
+
+    def check(value: str) -> str:
+        parse(value)
+        return value
+
+    return check
+
+
+SearchText = Annotated[Text, AfterValidator(_checked(search.check_free_text))]
+SearchDocument = Annotated[
+    str,
+    BeforeValidator(_document_text),
+    Field(max_length=search.MAX_DOCUMENT_CHARS),
+    AfterValidator(_checked(search.parse_document)),
+]
+SearchCondition = Annotated[
+    str, Field(min_length=1, max_length=1000), AfterValidator(_checked(search.parse_condition))
+]
+SearchHeader = Annotated[
+    str, Field(min_length=1, max_length=1000), AfterValidator(_checked(search.parse_header))
+]
+MAX_CONDITIONS = search.MAX_CONDITIONS
 # A source's name, or an endpoint's source (`outbox:NAME`), under which its outgoing messages
 # are rows of the inbox (docs/outbox.md).
 SOURCE_PATTERN = r"^(outbox:)?[a-z0-9_-]+$"
@@ -104,6 +139,46 @@ class MessageFilters(EventFilters):
         default=None,
         description="`true`: only messages held behind an earlier unfinished message of their "
         "ordering key (`held_behind` set); `false`: only those not held.",
+    )
+    q: SearchText | None = Field(
+        default=None,
+        description="Free text: only messages that hold this word as a value anywhere in "
+        "their JSON payload (a string, or the number or boolean it also reads as), or whose "
+        "dedup key it is: `ch_3Q…`, `cus_9`, `acme@example.com`. The whole value, "
+        "case-sensitive.",
+        examples=["ch_3QHx2r"],
+    )
+    id_prefix: Text | None = Field(
+        default=None,
+        description="Only messages whose dedup key (the sender's id) starts with this.",
+        examples=["evt_1Q"],
+    )
+    contains: SearchDocument | None = Field(
+        default=None,
+        description="Only messages whose JSON payload contains this JSON document, as "
+        "PostgreSQL's `@>` reads it: every key it names with the same value, arrays holding "
+        "at least its elements. In a query string, JSON text; in a request body, the document "
+        "itself or its text.",
+        examples=['{"data": {"object": {"customer": "cus_9"}}}'],
+    )
+    where: list[SearchCondition] = Field(
+        default_factory=list,
+        max_length=MAX_CONDITIONS,
+        description="Conditions on the JSON payload, each `path=value`, `path!=value`, "
+        "`path in a,b,c` or `path exists`; repeat for several (all must hold). A path is keys "
+        'joined by dots, a key with dots or spaces quoted as a JSON string (`"x.y"`), `[N]` '
+        "for an array's element; a key on an array reaches into its elements. A value is "
+        'text, also matching the number, boolean or null it reads as (`42`); quoted (`"42"`), '
+        "only that string. `!=`: the path is there and is not that value.",
+        examples=[["data.object.customer=cus_9"]],
+    )
+    header: list[SearchHeader] = Field(
+        default_factory=list,
+        max_length=MAX_CONDITIONS,
+        description="Only messages delivered with this header value, `Name: value` (the name "
+        "in any case; the whole value, as stored: redacted headers hold `[redacted]`); repeat "
+        "for several.",
+        examples=[["X-Shopify-Shop-Domain: acme.myshopify.com"]],
     )
 
 
