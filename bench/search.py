@@ -6,8 +6,14 @@ its own transaction and recorded in the table `bench_fill`, so that a fill stopp
 resumes where it stopped and a later, larger `--rows` inserts only the rest. The search
 indexes are dropped for the fill (their definitions kept in `bench_fill`, so that they come
 back even where no migration on this branch creates them) and built again after it, then the
-tables are vacuumed and analysed. The measure half is to come; `--fill-only` stops after the
-fill.
+tables are vacuumed and analysed. A fill writes at the schema before the search's, so that the
+measure's first step is migration 0025 on the filled inbox.
+
+The measure half (bench/search_measure.py): migration 0025, timed; each search form's first
+page through the service's listing, alone, with `status=dead` and within the last day, its
+p50 and p99 and its plan (EXPLAIN ANALYZE, BUFFERS); a dry run's count; the console's counts; a
+replay by search of 10,000 messages, put back after. `--part ingest` (bench/search_ingest.py)
+is the insert path with the search indexes against without, on fresh databases of its own.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench import search_ingest
 from bench.pg import connected, migrate, with_database
+from bench.search_measure import measure_counts, measure_dry_runs, measure_replay, measure_searches
 from bench.search_rows import INSERT, fingerprints
-from service.core.db import asyncpg_dsn
-from service.core.migrations import SchemaAhead
+from service.core.db import asyncpg_dsn, create_engine
+from service.core.migrations import head_revision
+from service.core.settings import Settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/search_bench"
@@ -37,7 +46,17 @@ SEARCH_INDEXES = (
     "inbox_messages_headers_idx",
     "inbox_messages_message_id_prefix_idx",
 )
+# Indexes a search's plan may use besides them, named in the printed table.
+OTHER_INDEXES = (
+    "inbox_messages_received_idx",
+    "inbox_messages_status_received_idx",
+    "inbox_messages_source_received_idx",
+    "inbox_messages_pkey",
+)
 INDEX_MEMORY = "1GB"
+# The schema a fill writes at: the one before the search's (0025), so that the measure's first
+# step is migration 0025 itself on the filled inbox, timed (`migrate_to_search`).
+FILL_REVISION = "0024"
 
 # What each fill did. `rows` is the number of the series' last row written by then (the rows
 # the fill put in the inbox); a 'drop index' step keeps the index's definition. The first
@@ -96,8 +115,26 @@ def parse_args() -> argparse.Namespace:
         help="messages the inbox is to hold; only the ones missing are inserted (1,000,000)",
     )
     parser.add_argument("--batch", type=int, default=BATCH, help="rows a transaction (%(default)s)")
+    parser.add_argument("--fill-only", action="store_true", help="fill the inbox and stop")
     parser.add_argument(
-        "--fill-only", action="store_true", help="fill the inbox and stop (the measure is to come)"
+        "--measure-only", action="store_true", help="measure the inbox as it is, without a fill"
+    )
+    parser.add_argument(
+        "--part",
+        choices=("all", "searches", "ingest"),
+        default="all",
+        help="searches: the fill and the inbox's figures; ingest: the insert path with the "
+        "search indexes against without, on fresh databases; all: both (all)",
+    )
+    parser.add_argument("--calls", type=int, default=50, help="timed calls a search (50)")
+    parser.add_argument("--ingest-rounds", type=int, default=5, help="ingest rounds (5)")
+    parser.add_argument(
+        "--ingest-seconds", type=int, default=10, help="seconds an ingest cell (10)"
+    )
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections (32)")
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
+    parser.add_argument(
+        "--max-rps", type=int, default=24000, help="requests written a second of a cell (24000)"
     )
     parser.add_argument("--drop", action="store_true", help="drop the bench's database and stop")
     return parser.parse_args()
@@ -134,11 +171,10 @@ async def fill(url: str, rows: int, batch: int = BATCH) -> dict[str, Any]:
     """Grow the inbox at `url` to `rows` messages; what it took and what it holds after."""
     if await create_database(url):
         say(f"created database {database_name(url)}")
-    try:
-        await migrate(url)
-    except SchemaAhead as exc:
-        # A newer branch (main's 0025) migrated it; the columns the fill writes are the same.
-        say(f"not migrated: {exc}")
+    async with connected(url) as conn:
+        revision = await schema_revision(conn)
+    if revision is None or revision < FILL_REVISION:
+        await migrate(url, FILL_REVISION)
     started = time.monotonic()
     async with connected(asyncpg_dsn(url)) as conn:
         await conn.execute(MARKER)
@@ -214,6 +250,57 @@ async def create_search_indexes(conn: Any, filled: int) -> dict[str, float]:
     return took
 
 
+async def schema_revision(conn: Any) -> str | None:
+    """The database's migration revision, None before the first."""
+    if not await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL"):
+        return None
+    revision: str | None = await conn.fetchval("SELECT version_num FROM alembic_version")
+    return revision
+
+
+async def migrate_to_search(url: str) -> dict[str, Any]:
+    """The service's migrations to head, timed: on an inbox filled at FILL_REVISION, migration
+    0025 building its function and three indexes over every row while inserts wait, as an
+    operator's `webhook-inbox migrate` would (the server's own `maintenance_work_mem`). A
+    database already at head reports the last migration recorded in `bench_fill`."""
+    async with connected(url) as conn:
+        before = await schema_revision(conn)
+        filled = await conn.fetchval(FILLED)
+        if before == head_revision():
+            row = await conn.fetchrow(
+                "SELECT rows, seconds FROM bench_fill WHERE step = 'migrate' "
+                "ORDER BY at DESC LIMIT 1"
+            )
+            say(f"already at {before}: migrated before")
+            return {
+                "from": before,
+                "ran": False,
+                "rows": row["rows"] if row else None,
+                "seconds": round(row["seconds"], 1) if row else None,
+            }
+        memory = await conn.fetchval("SHOW maintenance_work_mem")
+    say(f"migrating {filled:,} rows from {before} to {head_revision()} ...")
+    started = time.monotonic()
+    await migrate(url)
+    seconds = time.monotonic() - started
+    async with connected(url) as conn:
+        await conn.execute(RECORD, "migrate", filled, seconds, None, None)
+        await conn.execute("ANALYZE inbox_messages")
+        sizes = {
+            name: round(await conn.fetchval("SELECT pg_relation_size($1::regclass)", name) / 2**20)
+            for name in SEARCH_INDEXES
+        }
+    say(f"migrated in {seconds:.0f} s; index sizes (MB): {sizes}")
+    return {
+        "from": before,
+        "ran": True,
+        "rows": filled,
+        "seconds": round(seconds, 1),
+        "maintenance_work_mem": memory,
+        "index_mb": sizes,
+    }
+
+
 def report(url: str, result: dict[str, Any]) -> None:
     sizes = result["sizes_mb"]
     rate = result["rows_per_second"]
@@ -235,6 +322,66 @@ def report(url: str, result: dict[str, Any]) -> None:
         say(f"{name:<{width}}  {value:>12}")
 
 
+async def measure(url: str, calls: int) -> dict[str, Any]:
+    """The inbox's figures (bench/search_measure.py), after migration 0025, timed."""
+    result: dict[str, Any] = {"migration": await migrate_to_search(url)}
+    async with connected(url) as conn:
+        result["rows"] = await conn.fetchval("SELECT count(*) FROM inbox_messages")
+        newest = await conn.fetchval("SELECT max(received_at) FROM inbox_messages")
+        result["settings"] = {
+            name: await conn.fetchval(f"SHOW {name}")
+            for name in ("server_version", "shared_buffers", "work_mem", "jit")
+        }
+    engine = create_engine(url, Settings(database_url=url))
+    try:
+        say(f"searches on {result['rows']:,} messages, newest {newest:%Y-%m-%d %H:%M}:")
+        result["searches"] = await measure_searches(engine, url, result["rows"], newest, calls, say)
+        result["dry_run_count"] = await measure_dry_runs(engine, calls)
+        say(f"  dry run's count, a customer: {result['dry_run_count']}")
+        result["counts"] = await measure_counts(engine, calls)
+        say(f"  console's counts: {result['counts']}")
+        result["replay"] = await measure_replay(engine, url, newest, say)
+        say(f"  replay: {result['replay']}")
+    finally:
+        await engine.dispose()
+    return result
+
+
+def report_measure(result: dict[str, Any]) -> None:
+    say(f"\n{result['rows']:,} messages; migration 0025: {result['migration']['seconds']} s")
+    say(f"{'search':<32} {'variant':<12} {'p50 ms':>8} {'p99 ms':>8} {'matches':>9}  index")
+    for name, figures in result["searches"].items():
+        form, variant = name.split(" / ")
+        plan = " ".join(figures.get("explain", {}).get("custom", []))
+        used = sorted({i for i in SEARCH_INDEXES + OTHER_INDEXES if i in plan}) or ["-"]
+        matches = figures["matches_sample"]
+        say(
+            f"{form:<32} {variant:<12} {figures['p50_ms']:>8.1f} {figures['p99_ms']:>8.1f} "
+            f"{matches if matches is not None else 'too broad':>9}  "
+            + ", ".join(u.removeprefix("inbox_messages_") for u in used)
+        )
+    dry, counts, replay = result["dry_run_count"], result["counts"], result["replay"]
+    say(f"dry run's count (a customer): p50 {dry['p50_ms']} ms, p99 {dry['p99_ms']} ms")
+    say(
+        f"console's stats: p50 {counts['stats']['p50_ms']} ms, p99 {counts['stats']['p99_ms']} "
+        f"ms (first read {counts['first_read_ms']} ms); counts by status p50 "
+        f"{counts['status_counts']['p50_ms']} ms, p99 {counts['status_counts']['p99_ms']} ms"
+    )
+    say(
+        f"replay by search: {replay['retried']:,} messages in {replay['seconds']} s "
+        f"({replay['messages_per_second']:,}/s)"
+    )
+
+
+def report_ingest(result: dict[str, Any]) -> None:
+    say(
+        f"ingest, search indexes against none ({len(result['rounds'])} rounds of "
+        f"{result['seconds_a_cell']} s, {result['body_bytes']}-byte bodies): req/s ratio "
+        f"{result['rps_ratio']}, p99 ratio {result['p99_ratio']}; req/s {result['rps']}; "
+        f"p99 ms {result['p99_ms']}; every acknowledged delivery stored: {result['all_stored']}"
+    )
+
+
 def main() -> None:
     args = parse_args()
     url = asyncpg_dsn(args.database_url)
@@ -244,13 +391,30 @@ def main() -> None:
         return
     if args.rows < 1 or args.batch < 1:
         sys.exit("--rows and --batch: at least 1")
-    result = asyncio.run(fill(url, args.rows, args.batch))
-    report(url, result)
+    document: dict[str, Any] = {"database": database_name(url)}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"search-fill-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"database": database_name(url), **result}, indent=2))
+    if args.part in ("all", "searches") and not args.measure_only:
+        document["fill"] = asyncio.run(fill(url, args.rows, args.batch))
+        report(url, document["fill"])
+        if args.fill_only:
+            path = RESULTS / f"search-fill-{stamp}.json"
+            path.write_text(json.dumps(document, indent=2))
+            say(f"results: {path}")
+            return
+    if args.part in ("all", "searches"):
+        document |= asyncio.run(measure(url, args.calls))
+    if args.part in ("all", "ingest"):
+        say("ingest with the search indexes against without:")
+        document["ingest"] = search_ingest.run(args, say)
+    if "searches" in document:
+        report_measure(document)
+    if "ingest" in document:
+        report_ingest(document["ingest"])
+    size = f"{document['rows'] / 1e6:g}m" if "rows" in document else "ingest"
+    path = RESULTS / f"search-{size}-{stamp}.json"
+    path.write_text(json.dumps(document, indent=2, default=str))
     say(f"results: {path}")
-    # The measure half (issue 67) is to run here, after the fill, unless --fill-only.
 
 
 if __name__ == "__main__":
