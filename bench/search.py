@@ -391,7 +391,7 @@ def main() -> None:
         return
     if args.rows < 1 or args.batch < 1:
         sys.exit("--rows and --batch: at least 1")
-    document: dict[str, Any] = {"database": database_name(url)}
+    document: dict[str, Any] = {"database": database_name(url), "loadavg_start": os.getloadavg()}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(exist_ok=True)
     if args.part in ("all", "searches") and not args.measure_only:
@@ -411,6 +411,7 @@ def main() -> None:
         report_measure(document)
     if "ingest" in document:
         report_ingest(document["ingest"])
+    document["loadavg_end"] = os.getloadavg()
     size = f"{document['rows'] / 1e6:g}m" if "rows" in document else "ingest"
     path = RESULTS / f"search-{size}-{stamp}.json"
     path.write_text(json.dumps(document, indent=2, default=str))
