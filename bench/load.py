@@ -67,13 +67,13 @@ def standard_webhooks_signature(key: bytes, msg_id: str, timestamp: int, body: s
 
 
 def write_requests(
-    prefix: Path, tag: str, per_thread: int, threads: int, key: bytes
+    prefix: Path, tag: str, per_thread: int, threads: int, key: bytes, body: str = BODY_TEMPLATE
 ) -> tuple[Path, Path]:
     """Request files `prefix0..N` (fresh timestamps: call just before the run) and the body
-    template; every message id is unique and starts with `tag`."""
+    template (`body`, with `{id}` once); every message id is unique and starts with `tag`."""
     template = prefix.with_name(prefix.name + "body.json")
-    template.write_text(BODY_TEMPLATE)
-    head, tail = BODY_TEMPLATE.split("{id}")
+    template.write_text(body)
+    head, tail = body.split("{id}")
     now = int(time.time())
     for t in range(threads):
         lines = []

@@ -144,10 +144,12 @@ class BenchPostgres:
             return {name: await conn.fetchval(f"SHOW {name}") for name in REPORTED_SETTINGS}
 
 
-async def migrate(url: str) -> None:
-    """Bring the database at `url` to the inbox's schema, as `webhook-inbox migrate` does."""
-    engine = create_engine(url, Settings(database_url=url))
-    await upgrade(engine)
+async def migrate(url: str, revision: str = "head") -> None:
+    """Bring the database at `url` to the inbox's schema (or to `revision` of it), as
+    `webhook-inbox migrate` does: no bound on a statement, as an index build on a large inbox
+    takes minutes."""
+    engine = create_engine(url, Settings(database_url=url), bounded_statements=False)
+    await upgrade(engine, revision)
     await engine.dispose()
 
 
