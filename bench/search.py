@@ -131,6 +131,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--ingest-seconds", type=int, default=10, help="seconds an ingest cell (10)"
     )
+    parser.add_argument(
+        "--search-payload",
+        action="store_true",
+        help="ingest: the source opts its payloads into the search index (search_payload = true)",
+    )
     parser.add_argument("--connections", type=int, default=32, help="wrk connections (32)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
     parser.add_argument(
@@ -264,6 +269,13 @@ async def migrate_to_search(url: str) -> dict[str, Any]:
     operator's `webhook-inbox migrate` would (the server's own `maintenance_work_mem`). A
     database already at head reports the last migration recorded in `bench_fill`."""
     async with connected(url) as conn:
+        # The bench's sources have `search_payload`, as if from the start: the column comes
+        # before 0025 (which then keeps it), defaulting to true, so that the filled rows are
+        # searchable without rewriting them. Also for a database migrated before the column was.
+        await conn.execute(
+            "ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS searchable boolean NOT NULL "
+            "DEFAULT true"
+        )
         before = await schema_revision(conn)
         filled = await conn.fetchval(FILLED)
         if before == head_revision():

@@ -171,7 +171,10 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
         urls = asyncio.run(prepare(pg))
         sources = work / "sources.toml"
         secret = "whsec_" + base64.b64encode(key).decode()
-        sources.write_text(SOURCES_TOML.replace("{secret}", secret))
+        toml = SOURCES_TOML.replace("{secret}", secret)
+        # Opted in, the source's payloads enter the payload index; else only the headers and
+        # the id prefix are indexed (the payload index holds none of its rows).
+        sources.write_text(toml + ("search_payload = true\n" if args.search_payload else ""))
         try:
             with contextlib.ExitStack() as stack:
                 servers = {}
@@ -216,6 +219,7 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
             for url in urls.values():
                 asyncio.run(pg.drop_database(url))
     return {
+        "search_payload": args.search_payload,
         "body_bytes": len(BODY),
         "seconds_a_cell": args.ingest_seconds,
         "connections": args.connections,

@@ -102,16 +102,18 @@ async def seed(
     headers: dict[str, str] | None = None,
     last_error: str | None = None,
     ordering_key: str | None = None,
+    searchable: bool = True,
 ) -> int:
-    """Insert one message row and return its id."""
+    """Insert one message row and return its id; `searchable`: as a source with
+    `search_payload` stores it."""
     row_id = await db.fetchval(
         """
         INSERT INTO inbox_messages (source, message_id, event_type, status, attempts,
                                     received_at, last_received_at, body, content_type,
-                                    headers, last_error, processed_at, ordering_key)
+                                    headers, last_error, processed_at, ordering_key, searchable)
         VALUES ($1, $2, $3, $4, $5,
                 coalesce($6, now() - $7::interval), now() - coalesce($8, $7)::interval,
-                $9, $10, $11::jsonb, $12, CASE WHEN $4 = 'processed' THEN now() END, $13)
+                $9, $10, $11::jsonb, $12, CASE WHEN $4 = 'processed' THEN now() END, $13, $14)
         RETURNING id
         """,
         source,
@@ -127,6 +129,7 @@ async def seed(
         json.dumps(headers or {"content-type": "application/json"}),
         last_error,
         ordering_key,
+        searchable,
     )
     return int(row_id)
 

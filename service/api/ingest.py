@@ -381,6 +381,7 @@ async def take_delivery(
                 body,
                 content_type,
                 processed=pipeline is not None and not pipeline.has_work,
+                searchable=pipeline is not None and pipeline.search_payload,
             )
     except StoreRefused as exc:
         # The delivery's own values, not the database's health: a 4xx for this request only.

@@ -92,6 +92,7 @@ def run_consume_command() -> None:
                 committer,
                 stop,
                 has_work=pipelines[source.name].has_work,
+                searchable=pipelines[source.name].search_payload,
                 max_body_bytes=settings.max_body_bytes,
                 metrics=metrics,
             )

@@ -56,6 +56,7 @@ class SourceConsumer:
         stop: asyncio.Event,
         *,
         has_work: bool,
+        searchable: bool = False,
         max_body_bytes: int,
         metrics: Metrics | None = None,
     ) -> None:
@@ -64,6 +65,7 @@ class SourceConsumer:
         self.committer = committer
         self.stop = stop
         self.has_work = has_work
+        self.searchable = searchable
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self.status = ConsumerState()
@@ -194,6 +196,7 @@ class SourceConsumer:
                     message.body,
                     message.content_type,
                     processed=not self.has_work,
+                    searchable=self.searchable,
                 )
                 break
             except StoreRefused as exc:

@@ -147,7 +147,12 @@ class MessageRecord(InboxTable, table=True):
         ),
         # Search (0025, service/store/search.py): the payload's keys and values, the stored
         # headers' values, and the dedup key's prefix in byte order.
-        Index("inbox_messages_payload_idx", text("inbox_payload(body)"), postgresql_using="gin"),
+        Index(
+            "inbox_messages_payload_idx",
+            text("inbox_payload(body)"),
+            postgresql_using="gin",
+            postgresql_where=text("searchable"),
+        ),
         Index(
             "inbox_messages_headers_idx",
             "headers",
@@ -212,6 +217,12 @@ class MessageRecord(InboxTable, table=True):
     # The source's `ordering_key` of the message (0012): messages with one key are processed
     # one at a time, in id order. None: unordered.
     ordering_key: str | None = Field(default=None, sa_column=Column(Text))
+    # Its JSON payload is indexed for search: its source's `search_payload` when it was
+    # stored (0025).
+    searchable: bool = Field(
+        default=False,
+        sa_column=Column(Boolean, nullable=False, server_default=text("false")),
+    )
 
 
 class AttemptRecord(InboxTable, table=True):

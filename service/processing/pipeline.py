@@ -133,9 +133,11 @@ class Pipeline:
     #   stored `processed` by ingest, with nothing for a worker to do.
     # - sync: its handlers run inside the request's own transaction (`mode = "sync"`).
     # - reads_payload: some route has a payload filter, so the body is parsed to choose.
+    # - search_payload: its messages are stored searchable by payload (`searchable`, 0025).
     has_work: bool = field(init=False)
     sync: bool = field(init=False)
     reads_payload: bool = field(init=False)
+    search_payload: bool = field(init=False)
 
     def __post_init__(self) -> None:
         # A frozen dataclass sets its own fields through object.__setattr__.
@@ -146,6 +148,7 @@ class Pipeline:
             d.reads_payload for d in self.destinations
         )
         object.__setattr__(self, "reads_payload", reads)
+        object.__setattr__(self, "search_payload", self.config.search_payload)
 
     @property
     def fans_out(self) -> bool:

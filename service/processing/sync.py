@@ -45,7 +45,13 @@ async def record_and_process(
     """
     async with ingest_transaction(engine) as conn:
         results, accepted = await insert_messages(
-            conn, pipeline.source, messages, headers, body, content_type
+            conn,
+            pipeline.source,
+            messages,
+            headers,
+            body,
+            content_type,
+            searchable=pipeline.search_payload,
         )
         if accepted:
             await run_in_transaction(conn, pipeline, accepted)

@@ -253,6 +253,9 @@ class SourceConfig(BaseModel):
     destinations: dict[Annotated[str, Field(pattern=DESTINATION_NAME)], DestinationConfig] = Field(
         default_factory=dict
     )
+    # Its messages' JSON payloads are indexed for search (`contains`, `where`, `q`): opt-in,
+    # since the index costs ingest about half its rate (docs/search.md#what-each-costs).
+    search_payload: bool = False
 
     def secret_values(self) -> list[bytes]:
         return [s.get_secret_value().encode() for s in self.secrets]

@@ -35,11 +35,11 @@ log = logging.getLogger(__name__)
 # holds it) and in `lock_order`, so that two batches that share keys lock them in the same
 # order instead of deadlocking; the ids follow that order.
 # - The rows come as one JSON document ($1: an array of [source, message_id, event_type, headers,
-#   content_type, done, received, trace_context[, ordering_key]]) and their bodies as a bytea array
-#   ($2), in the same order. The driver encodes an array parameter element by element, with checks
-#   on each: nine arrays cost the HTTP process more CPU than one document orjson writes in a C call
-#   (docs/benchmarks.md, "What holds ingest at 32 connections"). Row n is element n - 1 of the
-#   document, read by index, so the rows keep the bodies' order.
+#   content_type, done, received, trace_context, ordering_key, searchable]) and their bodies as
+#   a bytea array ($2), in the same order. The driver encodes an array parameter element by
+#   element, with checks on each: nine arrays cost the HTTP process more CPU than one document
+#   orjson writes in a C call (docs/benchmarks.md, "What holds ingest at 32 connections"). Row n
+#   is element n - 1 of the document, read by index, so the rows keep the bodies' order.
 # - `xmax = 0` in RETURNING tells the rows this statement inserted from those it updated
 #   (an updated row carries our own transaction id as its xmax).
 # - A message of a source with nothing to run (no handlers, no forward) is stored `processed`
@@ -53,11 +53,11 @@ _ROWS = """unnest($2::bytea[]) WITH ORDINALITY AS b(body, n)
 _INSERT_ROWS = """
     INSERT INTO inbox_messages AS m (source, message_id, event_type, headers, body,
                                      content_type, status, processed_at, receive_count,
-                                     trace_context, ordering_key)
+                                     trace_context, ordering_key, searchable)
     SELECT r->>0, r->>1, r->>2, r->3, body, r->>4,
            CASE WHEN (r->5)::boolean THEN 'processed' ELSE 'pending' END,
            CASE WHEN (r->5)::boolean THEN now() END,
-           (r->6)::int, nullif(r->7, 'null'), r->>8
+           (r->6)::int, nullif(r->7, 'null'), r->>8, (r->9)::boolean
       FROM {rows}"""
 _BATCH = f"""
 WITH written AS ({_INSERT_ROWS.format(rows=_ROWS)}
@@ -163,6 +163,7 @@ class _Entry:
     body: bytes
     content_type: str | None
     processed: bool  # nothing to run: stored `processed`
+    searchable: bool  # its payload indexed for search (`search_payload`)
     done: asyncio.Future[list[Recorded]]
 
 
@@ -312,10 +313,12 @@ class GroupCommitter:
         content_type: str | None,
         *,
         processed: bool = False,
+        searchable: bool = False,
     ) -> list[Recorded]:
         """Record `messages` (one request's) and return once they are committed.
 
         `processed`: the source has nothing to run, so they are stored processed already.
+        `searchable`: the source's payloads are indexed for search (`search_payload`).
         """
         if self._closed:
             raise StoreUnavailable("shutting down")
@@ -324,7 +327,9 @@ class GroupCommitter:
             raise StoreOverloaded("too many deliveries waiting for the database")
         loop = self._loop or asyncio.get_running_loop()  # not started: no flusher runs yet
         done: asyncio.Future[list[Recorded]] = loop.create_future()
-        entry = _Entry(source, messages, dict(headers), body, content_type, processed, done)
+        entry = _Entry(
+            source, messages, dict(headers), body, content_type, processed, searchable, done
+        )
         self._pending.append(entry)
         self._held += len(messages)
         self._wakeup.set()
@@ -536,9 +541,9 @@ class GroupCommitter:
                 entry.processed,
                 received[key],
                 None if trace_context is None else dict(trace_context),
+                message.ordering_key,
+                entry.searchable,
             )
-            if message.ordering_key is not None:  # else r->>8 is null: unordered
-                row += (message.ordering_key,)
             rows.append(row)
             bodies.append(entry.body if message.body is None else message.body)
         try:

@@ -34,6 +34,9 @@ from service.store.errors import _underlying
 
 # What the payload index is built over (0025): the body as jsonb, NULL when it is not JSON.
 PAYLOAD = "inbox_payload(body)"
+# The index's predicate: only the payloads of sources with `search_payload` are indexed, and
+# only those are searched (written before each payload condition, for the planner to match).
+SEARCHABLE = "searchable"
 
 # How long one search statement may run: a listing's page, a count, one batch of an action.
 SEARCH_TIMEOUT_MS = 5000
@@ -291,6 +294,8 @@ class Search:
             if high is not None:
                 clauses.append("message_id ~<~ :id_prefix_high")
                 params["id_prefix_high"] = high
+        if self.contains is not None or self.conditions:
+            clauses.append(SEARCHABLE)
         if self.contains is not None:
             clauses.append(f"{PAYLOAD} @> CAST(:contains AS jsonb)")
             params["contains"] = self.contains
@@ -303,7 +308,10 @@ class Search:
             params[f"header_{number}"] = json.dumps({name: value})
         if self.text:
             anywhere = " || ".join(f"@ == {jsonpath_literal(v)}" for v in parse_value(self.text))
-            clauses.append(f"(message_id = :text OR {PAYLOAD} @? CAST(:text_anywhere AS jsonpath))")
+            clauses.append(
+                f"(message_id = :text OR ({SEARCHABLE} AND {PAYLOAD} @? CAST(:text_anywhere AS "
+                "jsonpath)))"
+            )
             params |= {"text": self.text, "text_anywhere": f"$.** ? ({anywhere})"}
         return clauses, params
 

@@ -21,8 +21,9 @@ from service.store.results import MessageRow
 INSERT_MESSAGE = text(
     """
     INSERT INTO inbox_messages (source, message_id, event_type, headers, body, content_type,
-                                trace_context)
-    VALUES (:source, :message_id, :event_type, :headers, :body, :content_type, :trace_context)
+                                trace_context, searchable)
+    VALUES (:source, :message_id, :event_type, :headers, :body, :content_type, :trace_context,
+            :searchable)
     ON CONFLICT (source, message_id) DO NOTHING
     RETURNING id
     """
@@ -57,6 +58,8 @@ async def insert_messages(
     headers: Mapping[str, str],
     body: bytes,
     content_type: str | None,
+    *,
+    searchable: bool = False,
 ) -> tuple[list[Recorded], list[MessageRow]]:
     """Insert each message unless already recorded, in the caller's transaction.
 
@@ -79,6 +82,7 @@ async def insert_messages(
             "body": message_body,
             "content_type": message_type,
             "trace_context": None if message.trace_context is None else dict(message.trace_context),
+            "searchable": searchable,
         }
         try:
             row_id = (await conn.execute(INSERT_MESSAGE, values)).scalar_one_or_none()

@@ -106,8 +106,8 @@ async def test_a_first_page_past_the_time_bound_is_a_problem(
 ) -> None:
     await db.execute(
         """
-        INSERT INTO inbox_messages (source, message_id, body, content_type)
-        SELECT 'hooks', 'bulk-' || g, convert_to('{"n": 1}', 'UTF8'), 'application/json'
+        INSERT INTO inbox_messages (source, message_id, body, content_type, searchable)
+        SELECT 'hooks', 'bulk-' || g, convert_to('{"n": 1}', 'UTF8'), 'application/json', true
           FROM generate_series(1, 30000) g
         """
     )
@@ -126,9 +126,10 @@ async def test_thousands_stream_in_order_a_flat_page_at_a_time(
 ) -> None:
     await db.execute(
         """
-        INSERT INTO inbox_messages (source, message_id, body, content_type, received_at)
+        INSERT INTO inbox_messages (source, message_id, body, content_type, received_at,
+                                    searchable)
         SELECT 'hooks', 'bulk-' || g, convert_to('{"n": ' || g || '}', 'UTF8'),
-               'application/json', now() - g * interval '1 second'
+               'application/json', now() - g * interval '1 second', true
           FROM generate_series(1, 3000) g
         """
     )
@@ -216,8 +217,8 @@ async def test_an_export_failing_after_it_started_leaves_no_file_that_looks_whol
     status 1 and how far it got; `--output` is not written, nor one there before changed."""
     await db.execute(
         """
-        INSERT INTO inbox_messages (source, message_id, body, content_type)
-        SELECT 'hooks', 'bulk-' || g, convert_to('{"n": 1}', 'UTF8'), 'application/json'
+        INSERT INTO inbox_messages (source, message_id, body, content_type, searchable)
+        SELECT 'hooks', 'bulk-' || g, convert_to('{"n": 1}', 'UTF8'), 'application/json', true
           FROM generate_series(1, 300) g
         """
     )

@@ -8,10 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 
 from service.store import admin, search
-from tests.admin_seed import AUTH, seed
+from tests.admin_seed import AUTH, CONFIG, seed
 from tests.cli_runner import cli
 from tests.conftest import AppFactory
 from tests.integration.test_admin_messages import admin_client, list_ids
@@ -167,9 +168,52 @@ async def test_bulk_retry_by_search_counts_then_retries_only_the_matches(
     assert [r["id"] for r in pending] == [ids["c9"], ids["c9b"]]
 
 
+# CONFIG with the `hooks` source's payloads indexed for search.
+SEARCHED: dict[str, Any] = {
+    "sources": {
+        **CONFIG["sources"],
+        "hooks": {**CONFIG["sources"]["hooks"], "search_payload": True},
+    }
+}
+
+
+async def test_only_the_payloads_of_a_source_that_asks_are_searched(
+    client_for: AppFactory,
+) -> None:
+    """`search_payload` opts a source's payloads into the index; another source's messages
+    are still found by their dedup key and headers."""
+    body = charge("cus_9", "ch_3QH", 500)
+    async with admin_client(client_for, SEARCHED) as client:
+        for source in ("hooks", "other"):
+            accepted = await client.post(
+                f"/webhooks/{source}",
+                content=body,
+                headers={"X-Message-Id": f"{source}-1", "X-Shop": "acme"},
+            )
+            assert accepted.status_code in (200, 202), accepted.text
+        by_payload = await client.get(
+            "/admin/messages", params={"where": "data.object.customer=cus_9"}, headers=AUTH
+        )
+        by_text = await client.get("/admin/messages", params={"q": "ch_3QH"}, headers=AUTH)
+        by_key = await client.get("/admin/messages", params={"q": "other-1"}, headers=AUTH)
+        by_header = await client.get(
+            "/admin/messages", params={"header": "X-Shop: acme"}, headers=AUTH
+        )
+
+    def sources(response: httpx.Response) -> list[str]:
+        assert response.status_code == 200, response.text
+        return [m["source"] for m in response.json()["items"]]
+
+    assert sources(by_payload) == ["hooks"]
+    assert sources(by_text) == ["hooks"]
+    assert sources(by_key) == ["other"]
+    assert sources(by_header) == ["other", "hooks"]
+
+
 async def test_bodies_search_cannot_read_are_still_accepted(client_for: AppFactory) -> None:
-    """The payload index reads every body: one that is not UTF-8 JSON, nests past the
-    server's stack or is large is indexed as nothing, and its delivery is accepted."""
+    """The payload index reads every body of a source with `search_payload`: one that is not
+    UTF-8 JSON, nests past the server's stack or is large is indexed as nothing, and its
+    delivery is accepted."""
     bodies = {
         "not-utf8": b"\xff\xfe{}",
         "not-json": b"hello",
@@ -177,7 +221,7 @@ async def test_bodies_search_cannot_read_are_still_accepted(client_for: AppFacto
         "nul": b'{"a": "\\u0000"}',
         "large": json.dumps({"k": "v" * 300_000}).encode(),
     }
-    async with admin_client(client_for) as client:
+    async with admin_client(client_for, SEARCHED) as client:
         for name, body in bodies.items():
             accepted = await client.post(
                 "/webhooks/hooks", content=body, headers={"X-Message-Id": name}
@@ -186,7 +230,6 @@ async def test_bodies_search_cannot_read_are_still_accepted(client_for: AppFacto
         listed = await client.get("/admin/messages", params={"id_prefix": "no"}, headers=AUTH)
         assert [m["message_id"] for m in listed.json()["items"]] == ["not-json", "not-utf8"]
         # None of them is searched as JSON: not even the large one, which is.
-        assert await list_ids(client, where="k exists") == []
         assert await list_ids(client, where="k exists") == []
         assert await list_ids(client, where="a exists") == []
 
@@ -280,9 +323,9 @@ async def test_a_search_past_its_time_bound_is_refused_as_too_broad(
     its statement timeout and answered as too broad, not left running."""
     await db.execute(
         """
-        INSERT INTO inbox_messages (source, message_id, body, content_type)
+        INSERT INTO inbox_messages (source, message_id, body, content_type, searchable)
         SELECT 'hooks', 'bulk-' || g, convert_to('{"n": 1}', 'UTF8'),
-               'application/json'
+               'application/json', true
           FROM generate_series(1, 30000) g
         """
     )
@@ -359,9 +402,10 @@ async def test_a_search_matching_many_pages_newest_first_as_one_matching_few(
     matches: both give the same pages."""
     await db.execute(
         """
-        INSERT INTO inbox_messages (source, message_id, body, content_type, received_at)
+        INSERT INTO inbox_messages (source, message_id, body, content_type, received_at,
+                                    searchable)
         SELECT 'hooks', 'many-' || g, convert_to('{"n": ' || (g % 2) || '}', 'UTF8'),
-               'application/json', now() - g * interval '1 second'
+               'application/json', now() - g * interval '1 second', true
           FROM generate_series(1, $1::int) g
         """,
         4 * admin.FEW_MATCHES,
