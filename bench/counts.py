@@ -2,7 +2,7 @@
 
 `/metrics`, `GET /admin/stats` and the console's overview each read them every few seconds.
 The baseline, in the same run, is the read that counts every row (as the `stats` command
-does); against it, the service's read through `ProcessedCounts` (service/store/counts.py),
+does); against it, the service's read through `EndedCounts` (service/store/counts.py),
 one read a second for `--duration` seconds, as a scrape or an open console makes them.
 """
 
@@ -21,7 +21,7 @@ from sqlalchemy import event
 from bench.pg import BenchPostgres, connected, migrate
 from service.core.db import asyncpg_dsn, create_engine
 from service.core.settings import Settings
-from service.store.counts import PROCESSED_COUNTS, ProcessedCounts, status_counts
+from service.store.counts import ENDED_COUNTS, EndedCounts, status_counts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -58,7 +58,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
     @event.listens_for(engine.sync_engine, "before_cursor_execute")
     def on_execute(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
-        if statement == PROCESSED_COUNTS.text:
+        if statement == ENDED_COUNTS.text:
             counted[0] += 1
 
     try:
@@ -67,7 +67,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             await status_counts(engine)
             full.append(time.perf_counter() - started)
-        processed = ProcessedCounts(engine)
+        processed = EndedCounts(engine)
         counted[0] = 0
         reads = []
         end = time.monotonic() + args.duration

@@ -28,7 +28,7 @@ from bench.search_rows import CUSTOMERS, PACE_US
 from service.api.admin.operations import collect_stats
 from service.core.schema import Status
 from service.store.admin import MessageFilter, bulk_retry, list_messages, where_sql
-from service.store.counts import ProcessedCounts, status_counts
+from service.store.counts import EndedCounts, status_counts
 from service.store.search import SearchTooBroad, build_search
 
 PAGE = 50
@@ -229,8 +229,8 @@ async def measure_dry_runs(engine: AsyncEngine, calls: int) -> dict[str, Any]:
 
 async def measure_counts(engine: AsyncEngine, reads: int) -> dict[str, Any]:
     """The console's overview: the statistics document (`GET /admin/stats`), its counts by
-    status read through a long-lived `ProcessedCounts` as the service holds one."""
-    processed = ProcessedCounts(engine)
+    status read through a long-lived `EndedCounts` as the service holds one."""
+    processed = EndedCounts(engine)
     try:
         started = time.perf_counter()
         await collect_stats(engine, processed)

@@ -22,7 +22,7 @@ from service.core.metrics import Metrics
 from service.core.settings import Settings
 from service.processing.pipeline import resolve_pipelines
 from service.sources.config_file import InboxConfig, load_inbox_config
-from service.store.counts import ProcessedCounts
+from service.store.counts import EndedCounts
 from service.store.errors import StoreUnavailable
 from service.store.group_commit import ingest_committer
 from service.store.rejections import RejectionLog
@@ -76,7 +76,7 @@ def create_app(
             engine=engine,
             committer=committer,
             rejections=rejections,
-            processed_counts=ProcessedCounts(engine),
+            ended_counts=EndedCounts(engine),
             metrics=app_metrics,
             admin_tokens=tokens,
             cursor_key=cursor_key(tokens),
@@ -94,7 +94,7 @@ def create_app(
             await app.state.inbox.background.close()
             await committer.close()
             await rejections.close()
-            await app.state.inbox.processed_counts.close()
+            await app.state.inbox.ended_counts.close()
             await engine.dispose()
 
     app = InboxApp(

@@ -37,7 +37,7 @@ async def read_snapshot(state: StateDep) -> InboxSnapshot | None:
     left by a process that died).
     """
     try:
-        groups = await status_counts(state.engine, state.processed_counts)
+        groups = await status_counts(state.engine, state.ended_counts)
     except StoreUnavailable as exc:
         log.warning("metrics: database unavailable", extra={"error": str(exc)})
         return None

@@ -17,7 +17,7 @@ from service.core.migrations import Revisions
 from service.core.settings import Settings
 from service.processing.pipeline import Pipeline
 from service.sources.config_file import InboxConfig
-from service.store.counts import ProcessedCounts
+from service.store.counts import EndedCounts
 from service.store.group_commit import GroupCommitter
 from service.store.rejections import RejectionLog
 
@@ -59,7 +59,7 @@ class AppState:
     # Deliveries refused with a 4xx, on their way to `inbox_rejected_deliveries`.
     rejections: RejectionLog
     # The processed messages per source, for `/metrics` and the statistics.
-    processed_counts: ProcessedCounts
+    ended_counts: EndedCounts
     # The migrations' revisions: read from them by the first `/readyz`, not at start.
     revisions: Revisions | None = None
     metrics: Metrics = field(default_factory=Metrics)

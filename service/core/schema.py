@@ -35,6 +35,7 @@ from sqlmodel import Field, SQLModel
 
 # Re-exported: the tables' users import the statuses with them.
 from service.core.status import DUE as DUE
+from service.core.status import ENDED as ENDED
 from service.core.status import SETTLED as SETTLED
 from service.core.status import UNFINISHED as UNFINISHED
 from service.core.status import BulkAction as BulkAction

@@ -25,6 +25,9 @@ UNFINISHED = (Status.PENDING, Status.RETRYING, Status.PROCESSING)
 # Done with for good: the later messages of an ordering key no longer wait for these (a dead
 # one they do wait for, until it is retried or discarded).
 SETTLED = (Status.PROCESSED, Status.DISCARDED)
+# No worker takes these up again unless an operator does: the bulk of an inbox, whose counts
+# are kept a while rather than made at every call (service.store.counts).
+ENDED = (Status.PROCESSED, Status.DEAD, Status.DISCARDED)
 
 
 def sql_list(statuses: Sequence[StrEnum]) -> str:

@@ -1,5 +1,6 @@
-"""Counts by source and status (service/store/counts.py): the unfinished and dead rows exact on
-every call, the processed ones counted again only once the last count is old enough."""
+"""Counts by source and status (service/store/counts.py): the unfinished rows exact on every
+call, the ended ones (processed, dead, discarded) counted again only once the last count is old
+enough."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.db import create_engine
 from service.core.settings import Settings
-from service.store.counts import PROCESSED_COUNTS, ProcessedCounts, status_counts
+from service.store.counts import ENDED_COUNTS, EndedCounts, status_counts
 
 INSERT = "INSERT INTO inbox_messages (source, message_id, status, body) VALUES ($1, $2, $3, '')"
 
@@ -31,7 +32,7 @@ def counted(engine: AsyncEngine) -> list[int]:
     seen: list[int] = []
 
     def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement == PROCESSED_COUNTS.text:
+        if statement == ENDED_COUNTS.text:
             seen.append(1)
 
     event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
@@ -43,11 +44,11 @@ def by_key(groups: list[Any]) -> dict[tuple[str, str], int]:
 
 
 async def test_a_quick_count_is_never_reused(engine: AsyncEngine, db: asyncpg.Connection) -> None:
-    processed = ProcessedCounts(engine)  # a few rows count in far less than 0.1 s
+    processed = EndedCounts(engine)  # a few rows count in far less than 0.1 s
     await db.execute(INSERT, "a", "1", "processed")
-    assert await processed.get() == {"a": 1}
+    assert await processed.get() == {("a", "processed"): 1}
     await db.execute(INSERT, "a", "2", "processed")
-    assert await processed.get() == {"a": 2}
+    assert await processed.get() == {("a", "processed"): 2}
 
 
 class Clock:
@@ -74,7 +75,7 @@ async def test_a_slow_count_is_reused_then_recounted_without_anyone_waiting(
     engine: AsyncEngine, db: asyncpg.Connection
 ) -> None:
     clock = Clock()
-    processed = ProcessedCounts(engine, slow_seconds=0.5, reuse_factor=10, clock=clock)
+    processed = EndedCounts(engine, slow_seconds=0.5, reuse_factor=10, clock=clock)
     queries = counted(engine)
     await db.execute(INSERT, "a", "1", "processed")
     await db.execute(INSERT, "a", "2", "pending")
@@ -84,27 +85,33 @@ async def test_a_slow_count_is_reused_then_recounted_without_anyone_waiting(
     }
     await db.execute(INSERT, "a", "3", "processed")
     await db.execute(INSERT, "b", "1", "dead")
-    # The count took 1 s, so it is kept for 10: the other statuses are counted again, exactly.
+    await db.execute(INSERT, "b", "2", "retrying")
+    # The count took 1 s, so it is kept for 10: the unfinished statuses are counted again,
+    # exactly; the ended ones (a dead message too) are as last counted.
     assert by_key(await status_counts(engine, processed)) == {
         ("a", "processed"): 1,
         ("a", "pending"): 1,
-        ("b", "dead"): 1,
+        ("b", "retrying"): 1,
     }
     assert len(queries) == 1
 
     clock.now += 10  # the kept count is now too old
-    assert await processed.get() == {"a": 1}  # answered from it, while a new count runs
-    await eventually(processed.get, {"a": 2})
+    # Answered from it, while a new count runs.
+    assert await processed.get() == {("a", "processed"): 1}
+    await eventually(processed.get, {("a", "processed"): 2, ("b", "dead"): 1})
     assert len(queries) == 2
 
 
 async def test_callers_asking_at_once_share_one_count(
     engine: AsyncEngine, db: asyncpg.Connection
 ) -> None:
-    processed = ProcessedCounts(engine)
+    processed = EndedCounts(engine)
     queries = counted(engine)
     await db.execute(INSERT, "a", "1", "processed")
-    assert await asyncio.gather(*(processed.get() for _ in range(10))) == [{"a": 1}] * 10
+    assert (
+        await asyncio.gather(*(processed.get() for _ in range(10)))
+        == [{("a", "processed"): 1}] * 10
+    )
     assert len(queries) == 1
 
 
@@ -112,15 +119,15 @@ async def test_a_failed_recount_keeps_the_last_count(
     engine: AsyncEngine, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    processed = ProcessedCounts(engine, slow_seconds=0.5, reuse_factor=10, clock=clock)
+    processed = EndedCounts(engine, slow_seconds=0.5, reuse_factor=10, clock=clock)
     await db.execute(INSERT, "a", "1", "processed")
-    assert await processed.get() == {"a": 1}
+    assert await processed.get() == {("a", "processed"): 1}
     await db.execute("ALTER TABLE inbox_messages RENAME TO inbox_messages_away")
     try:
         clock.now += 10
         for _ in range(200):
-            assert await processed.get() == {"a": 1}
-            if "counting the processed messages failed" in caplog.text:
+            assert await processed.get() == {("a", "processed"): 1}
+            if "counting the ended messages failed" in caplog.text:
                 break
             await asyncio.sleep(0.01)
         (failure,) = [r for r in caplog.records if r.name == "service.store.counts"]

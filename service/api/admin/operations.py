@@ -44,7 +44,7 @@ from service.sources.config import (
 from service.sources.config_file import InboxConfig
 from service.store import admin as store
 from service.store import flow
-from service.store.counts import ProcessedCounts, status_counts
+from service.store.counts import EndedCounts, status_counts
 from service.store.errors import translate_errors
 from service.store.flow import gate_key
 from service.worker.retention import prune
@@ -56,10 +56,11 @@ router = APIRouter(tags=["admin: operations"])
 async def stats(state: StateDep) -> Stats:
     """Count messages by source and status; show the backlog's age and last hour's attempts.
 
-    Every status but `processed` is counted at each call. On a large inbox, the count of
-    processed messages is reused for up to ten times as long as it took to make.
+    The unfinished statuses (pending, retrying, processing) are counted at each call. On a
+    large inbox, the count of the others (processed, dead, discarded) is reused for up to ten
+    times as long as it took to make.
     """
-    stats = await collect_stats(state.engine, state.processed_counts)
+    stats = await collect_stats(state.engine, state.ended_counts)
     limits = configured_limits(state.inbox)
     if limits:
         stats.rate_limits = await rate_limit_stats(state.engine, limits)
@@ -131,10 +132,10 @@ async def rate_limit_stats(
     return found
 
 
-async def collect_stats(engine: AsyncEngine, processed: ProcessedCounts | None = None) -> Stats:
-    """The statistics document (the command line's `stats` shows it too); the processed
-    messages come from `processed` when given (see `service.store.counts`)."""
-    groups = await status_counts(engine, processed)
+async def collect_stats(engine: AsyncEngine, ended: EndedCounts | None = None) -> Stats:
+    """The statistics document (the command line's `stats` shows it too); the ended
+    messages come from `ended` when given (see `service.store.counts`)."""
+    groups = await status_counts(engine, ended)
     attempts, failures, admin_actions = await store.recent_attempts(engine)
     by_status: dict[str, int] = dict.fromkeys(store.STATUSES, 0)
     per_source: dict[str, SourceStats] = {}

@@ -16,17 +16,17 @@ from service.core.schema import UNFINISHED
 from service.sources.config import endpoint_source
 from service.sources.config_file import InboxConfig
 from service.store import flow
-from service.store.counts import ProcessedCounts, status_counts
+from service.store.counts import EndedCounts, status_counts
 
 router = APIRouter(tags=["admin: outbox"])
 
 
 async def collect_endpoints(
-    engine: AsyncEngine, inbox: InboxConfig, processed: ProcessedCounts | None = None
+    engine: AsyncEngine, inbox: InboxConfig, ended: EndedCounts | None = None
 ) -> EndpointList:
     """Each configured endpoint with its messages' counts, its pause and its breaker (the
     command line's `outbox` and the console's Outbox page show the same document)."""
-    groups = await status_counts(engine, processed)
+    groups = await status_counts(engine, ended)
     paused = await flow.pauses(engine)
     gates = await flow.snapshot(engine)
     endpoints = []
@@ -58,4 +58,4 @@ async def collect_endpoints(
 async def endpoints(state: StateDep) -> EndpointList:
     """List the outbox's endpoints: URL, signing, retry policy, their outgoing messages by
     status and the oldest unsent one's age, pause and breaker; never a secret."""
-    return await collect_endpoints(state.engine, state.inbox, state.processed_counts)
+    return await collect_endpoints(state.engine, state.inbox, state.ended_counts)

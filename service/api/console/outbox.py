@@ -17,7 +17,7 @@ router = APIRouter()
 async def outbox(state: StateDep, operator: OperatorDep) -> Response:
     """Each endpoint of the outbox: its URL, whether it signs, its outgoing messages by status,
     the oldest unsent one's age, its breaker and its pause."""
-    listed = await collect_endpoints(state.engine, state.inbox, state.processed_counts)
+    listed = await collect_endpoints(state.engine, state.inbox, state.ended_counts)
     return operator.page(
         "outbox.html",
         title="Outbox",
