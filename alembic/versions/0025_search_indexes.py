@@ -52,9 +52,13 @@ def upgrade() -> None:
         "CREATE INDEX IF NOT EXISTS inbox_messages_payload_idx ON inbox_messages "
         "USING gin (inbox_payload(body)) WHERE searchable"
     )
+    # Without GIN's pending list: every delivery adds its dozen header entries at once,
+    # rather than one insert in many merging megabytes of them while its batch waits (with
+    # the list, bench/search --part ingest measured a p99 of 243 ms against 54 ms without
+    # the search indexes).
     op.execute(
         "CREATE INDEX IF NOT EXISTS inbox_messages_headers_idx ON inbox_messages "
-        "USING gin (headers jsonb_path_ops)"
+        "USING gin (headers jsonb_path_ops) WITH (fastupdate = off)"
     )
     op.execute(
         "CREATE INDEX IF NOT EXISTS inbox_messages_message_id_prefix_idx ON inbox_messages "

@@ -159,6 +159,7 @@ class MessageRecord(InboxTable, table=True):
             "headers",
             postgresql_using="gin",
             postgresql_ops={"headers": "jsonb_path_ops"},
+            postgresql_with={"fastupdate": "off"},
         ),
         Index(
             "inbox_messages_message_id_prefix_idx",
