@@ -16,7 +16,7 @@ from service.core.schema import DUE, SETTLED, Status, sql_list
 from service.store.claims import CLAIMED_IDS, SHOWN_ATTEMPTS, SHOWN_STATUS
 from service.store.errors import is_lock_timeout, translate_errors
 from service.store.notifications import NOTIFY
-from service.store.search import Search, SearchTooBroad, bounded
+from service.store.search import Plan, Search, SearchTooBroad, bounded
 
 
 @dataclass(frozen=True)
@@ -277,17 +277,20 @@ async def searched_page(
     FEW_MATCHES ids through the search's index bitmaps; if that is all of them, the page is
     taken from those, else the messages are walked newest first until it is full."""
     matched = text(f"SELECT id FROM inbox_messages WHERE {where} LIMIT {FEW_MATCHES}")  # noqa: S608
+    ids: list[int] | None = None
     with contextlib.suppress(SearchTooBroad):  # too many to read through its indexes: walk
         async with engine.connect() as conn, bounded(conn, search, timeout_ms=FEW_MATCHES_MS):
             ids = [int(r.id) for r in await conn.execute(matched, params)]
-            if len(ids) < FEW_MATCHES:
-                page = newest_first(where, columns, among="id = ANY(:ids)")
-                found = await conn.execute(page, {**params, "ids": ids})
-                return [dict(r) for r in found.mappings()]
-    async with engine.connect() as conn, bounded(conn, search, walk=True):
-        return [
-            dict(r) for r in (await conn.execute(newest_first(where, columns), params)).mappings()
-        ]
+    # The page: by id when they are all known, a probe of the primary key each, as the planner
+    # chooses on its own (with bitmaps imposed, it walked the whole newest-first index); else
+    # by walking newest first.
+    page: TextClause = newest_first(where, columns)
+    plan: Plan = "walk"
+    if ids is not None and len(ids) < FEW_MATCHES:
+        page, plan = newest_first(where, columns, among="id = ANY(:ids)"), "free"
+        params = {**params, "ids": ids}
+    async with engine.connect() as conn, bounded(conn, search, plan=plan):
+        return [dict(r) for r in (await conn.execute(page, params)).mappings()]
 
 
 # An export's page: few enough rows that a page of bodies is about a megabyte at a few KB a

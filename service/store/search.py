@@ -350,18 +350,29 @@ def build_search(
     return search if search else None
 
 
-# How a search statement runs (each setting for its transaction only): cut at
-# SEARCH_TIMEOUT_MS, and read through bitmaps of its indexes, never by walking an index in
-# order or the table while testing each row. The planner cannot tell how many messages a
-# payload condition matches (it assumes 1 % of them, whatever the condition): given a page to
-# fill newest first, it would walk the newest-first index and parse every body until the page
-# is full, which for a customer's 300 messages among 3 M reads most of the table.
+# How a search's statements are planned (`bounded`). The planner cannot tell how many messages
+# a payload condition matches (it assumes 1 % of them, whatever the condition), so which scan
+# suits a search is chosen for it:
+# - "bitmap": through its indexes' bitmaps only: for a search that matches few (a customer's
+#   300 among 3 M), where walking the newest-first index would parse most of the table's bodies
+#   before a page is full; for counts and the batches of an action;
+# - "walk": through an index in order only: for a search known to match many (a third of the
+#   messages), whose matches a walk newest first soon meets, where reading them all through
+#   the bitmap would take seconds;
+# - "free": as the planner likes (a page of messages known by id).
+Plan = Literal["bitmap", "walk", "free"]
+# Each setting for the statement's transaction only. No JIT: a plan with a disabled scan costs
+# over 10^10, and would be compiled, for half a second each.
 BOUND_SEARCH = text(
     """
-    SELECT set_config('statement_timeout', :timeout, true),
-           set_config('enable_indexscan', CASE WHEN :walk THEN 'on' ELSE 'off' END, true),
-           set_config('enable_indexonlyscan', CASE WHEN :walk THEN 'on' ELSE 'off' END, true),
-           set_config('enable_seqscan', CASE WHEN :walk THEN 'on' ELSE 'off' END, true)
+    SELECT set_config('statement_timeout', :timeout, true), set_config('jit', 'off', true),
+           set_config('enable_indexscan', CASE WHEN :plan = 'bitmap' THEN 'off' ELSE 'on' END,
+                      true),
+           set_config('enable_indexonlyscan',
+                      CASE WHEN :plan = 'bitmap' THEN 'off' ELSE 'on' END, true),
+           set_config('enable_bitmapscan', CASE WHEN :plan = 'walk' THEN 'off' ELSE 'on' END,
+                      true),
+           set_config('enable_seqscan', CASE WHEN :plan = 'free' THEN 'on' ELSE 'off' END, true)
     """
 )
 
@@ -371,19 +382,17 @@ async def bounded(
     conn: AsyncConnection,
     search: Search | None,
     *,
-    walk: bool = False,
+    plan: Plan = "bitmap",
     timeout_ms: int | None = None,
 ) -> AsyncIterator[None]:
     """Run the statements of `conn`'s transaction that may search: with `search`, each is cut
-    at `timeout_ms` (SEARCH_TIMEOUT_MS unless given; `SearchTooBroad`) and reads through its
-    indexes' bitmaps (BOUND_SEARCH), or, with `walk`, as the planner likes (for a search known
-    to match many messages, where walking newest first finds a page soonest); without one, as
-    ever."""
+    at `timeout_ms` (SEARCH_TIMEOUT_MS unless given; `SearchTooBroad`) and planned as `plan`
+    says (BOUND_SEARCH); without one, as ever."""
     if search is None:
         yield
         return
     timeout = SEARCH_TIMEOUT_MS if timeout_ms is None else timeout_ms
-    await conn.execute(BOUND_SEARCH, {"timeout": str(timeout), "walk": walk})
+    await conn.execute(BOUND_SEARCH, {"timeout": str(timeout), "plan": plan})
     try:
         yield
     except Exception as exc:
