@@ -78,8 +78,11 @@ def search_forms(rows: int) -> dict[str, Draw]:
         "where customer in 3": lambda r: {
             "where": [f"data.object.customer in {customer(r)},{customer(r)},{customer(r)}"]
         },
-        # No message has this path (the fill has no rare one): what the index answers for none.
-        "where exists (none has it)": lambda r: {"where": ["data.object.refunds exists"]},
+        # `exists` alone is refused (no index serves it); beside a customer, it is a filter on
+        # that customer's messages. No message has this path (the fill has no rare one).
+        "where customer= and exists (none has it)": lambda r: {
+            "where": [f"data.object.customer={customer(r)}", "data.object.refunds exists"]
+        },
         "where customer= and amount!=": lambda r: {
             "where": [
                 f"data.object.customer={customer(r)}",

@@ -328,6 +328,31 @@ class Search:
         return {name: value for name, value in fields.items() if value is not None}
 
 
+# Conditions the payload index cannot narrow: it has an entry for a key with its value, none
+# for a path alone, so `exists` (and `!=`, which is "exists and not") would read every message.
+UNINDEXED = frozenset({"exists", "!="})
+
+
+def check_narrowed(
+    conditions: Sequence[PathCondition],
+    *,
+    q: str | None,
+    id_prefix: str | None,
+    contains: object,
+    header: Sequence[str],
+) -> None:
+    """Refuse a search whose every part is a condition no index serves (`UNINDEXED`)."""
+    if (
+        conditions
+        and not (q or id_prefix or contains is not None or header)
+        and all(c.op in UNINDEXED for c in conditions)
+    ):
+        raise SearchError(
+            "`exists` and `!=` are not served by an index: add a condition that is (`=`, "
+            "`in`, `contains`, a header, an id prefix or `q`)"
+        )
+
+
 def build_search(
     *,
     q: str | None = None,
@@ -347,6 +372,7 @@ def build_search(
         headers=tuple(parse_header(h) for h in header),
         text=check_free_text(q) if q else None,
     )
+    check_narrowed(search.conditions, q=q, id_prefix=id_prefix, contains=contains, header=header)
     return search if search else None
 
 

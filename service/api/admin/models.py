@@ -187,6 +187,13 @@ class MessageFilters(EventFilters):
             raise ValueError(
                 f"a search has at most {MAX_CONDITIONS} conditions and headers together"
             )
+        search.check_narrowed(
+            [search.parse_condition(c) for c in self.where],
+            q=self.q,
+            id_prefix=self.id_prefix,
+            contains=self.contains,
+            header=self.header,
+        )
         return self
 
 
