@@ -41,6 +41,7 @@ kind = "generic"
 id_json_pointer = "/id"
 event_type_json_pointer = "/type"
 handlers = ["tests.console_handlers:billing"]
+search_payload = true
 max_attempts = 3
 backoff_base_seconds = 0.05
 backoff_max_seconds = 0.2
