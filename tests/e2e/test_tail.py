@@ -44,6 +44,10 @@ backoff_max_seconds = 0.1
 DEADLINE = 60.0  # seconds: a loaded machine starts processes slowly
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class TailProcess:
     """A running `webhook-inbox tail`, its lines read as they come."""
 
@@ -55,6 +59,9 @@ class TailProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # As a terminal starts it: a suite run in the background of a non-interactive shell
+            # has SIGINT ignored, the child would inherit that, and Ctrl-C would never reach it.
+            preexec_fn=default_sigint,
         )
         self.lines: list[str] = []
         self.errors: list[str] = []
