@@ -258,16 +258,17 @@ def parse_document(document: str | Any) -> str:
     return written
 
 
-def prefix_bounds(prefix: str) -> tuple[str, str | None]:
-    """The range of `text_pattern_ops` (byte order) that the keys starting with `prefix` fill:
-    from the prefix to the prefix with its last character incremented (None: no upper end)."""
+def prefix_end(prefix: str) -> str | None:
+    """Where the keys starting with `prefix` end in `text_pattern_ops` (byte) order, which
+    they fill from `prefix` itself: the prefix with its last character incremented (None: no
+    end short of the last key)."""
     for cut in range(len(prefix), 0, -1):
         last = ord(prefix[cut - 1]) + 1
         if 0xD800 <= last <= 0xDFFF:
             last = 0xE000
         if last <= 0x10FFFF:
-            return prefix, prefix[: cut - 1] + chr(last)
-    return prefix, None
+            return prefix[: cut - 1] + chr(last)
+    return None
 
 
 @dataclass(frozen=True)
@@ -288,12 +289,12 @@ class Search:
         clauses: list[str] = []
         params: dict[str, Any] = {}
         if self.id_prefix:
-            low, high = prefix_bounds(self.id_prefix)
-            clauses.append("message_id ~>=~ :id_prefix_low AND starts_with(message_id, :id_prefix)")
-            params |= {"id_prefix_low": low, "id_prefix": self.id_prefix}
-            if high is not None:
-                clauses.append("message_id ~<~ :id_prefix_high")
-                params["id_prefix_high"] = high
+            clauses.append("message_id ~>=~ :id_prefix AND starts_with(message_id, :id_prefix)")
+            params["id_prefix"] = self.id_prefix
+            end = prefix_end(self.id_prefix)
+            if end is not None:
+                clauses.append("message_id ~<~ :id_prefix_end")
+                params["id_prefix_end"] = end
         if self.contains is not None or self.conditions:
             clauses.append(SEARCHABLE)
         if self.contains is not None:
