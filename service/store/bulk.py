@@ -180,7 +180,7 @@ async def count(engine: AsyncEngine, request: BulkRequest, actor: str) -> int:
     if walk is None:
         return 0
     async with translate_errors():
-        matched, _ = await count_matching(engine, walk.where, walk.params)
+        matched, _ = await count_matching(engine, walk.where, walk.params, walk.search)
     return matched
 
 
@@ -192,7 +192,9 @@ async def start(
     walk = request.walk(actor)
     async with translate_errors():
         matched, last_id = (
-            (0, None) if walk is None else await count_matching(engine, walk.where, walk.params)
+            (0, None)
+            if walk is None
+            else await count_matching(engine, walk.where, walk.params, walk.search)
         )
         async with engine.begin() as conn:
             row = (

@@ -348,8 +348,24 @@ async def test_a_search_past_its_time_bound_is_refused_as_too_broad(
         counted = await client.post(
             "/admin/messages/retry", json={"where": ["n=1", "m!=1"], "dry_run": True}, headers=AUTH
         )
+        action = await client.post(
+            "/admin/messages/actions",
+            json={
+                "action": "discard",
+                "status": ["pending"],
+                "where": ["n=1", "m!=1"],
+                "dry_run": True,
+            },
+            headers=AUTH,
+        )
+        started = await client.post(
+            "/admin/messages/actions",
+            json={"action": "discard", "status": ["pending"], "where": ["n=1", "m!=1"]},
+            headers=AUTH,
+        )
         plain = await client.get("/admin/messages", params={"limit": 1}, headers=AUTH)
-    for refused in (broad, counted):
+    assert await db.fetchval("SELECT count(*) FROM inbox_bulk_actions") == 0
+    for refused in (broad, counted, action, started):
         assert refused.status_code == 422, refused.text
         assert "ran past" in refused.json()["detail"]
     assert plain.status_code == 200

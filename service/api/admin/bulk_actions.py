@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.responses import JSONResponse
 
 from service.api.admin.destinations import configured_of
-from service.api.admin.messages import to_filter
+from service.api.admin.messages import store_errors, to_filter
 from service.api.admin.models import (
     MAX_ID,
     BulkActionCount,
@@ -92,8 +92,10 @@ def document(action: BulkActionRow) -> BulkActionDocument:
 
 
 async def count(engine: AsyncEngine, request: BulkActionRequest, actor: str) -> int:
-    """A dry run: how many messages the action would change now; nothing is recorded."""
-    return await bulk.count(engine, store_request(request), actor)
+    """A dry run: how many messages the action would change now; nothing is recorded. A search
+    that is cut short answers 422, as the listings' do."""
+    with store_errors():
+        return await bulk.count(engine, store_request(request), actor)
 
 
 async def begin(
@@ -101,7 +103,8 @@ async def begin(
 ) -> tuple[BulkActionRow, BulkRequest]:
     """Count and record the action (not a dry run): its row, and what `bulk.run` walks."""
     started = store_request(request)
-    action = await bulk.start(engine, started, recorded_query(request), actor)
+    with store_errors():
+        action = await bulk.start(engine, started, recorded_query(request), actor)
     log.info(
         "bulk action started",
         extra={"actor": actor, "id": action.id, "action": action.action, "matched": action.matched},
